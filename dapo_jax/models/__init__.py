@@ -1,0 +1,5 @@
+"""Policy model (Qwen2 family in Flax NNX) and Hugging Face checkpoint I/O."""
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.qwen2 import Qwen2, token_logprobs
+
+__all__ = ["ModelConfig", "Qwen2", "token_logprobs"]

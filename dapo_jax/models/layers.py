@@ -1,0 +1,104 @@
+"""Pure building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dapo_jax.models.config import ModelConfig
+
+# Finite, so a query row with no visible key (left padding) gives a uniform junk row, not NaN.
+_MASKED = -1e30
+
+
+def rms_norm(x, weight, *, eps: float):
+  """HF-order RMSNorm: normalise in float32, cast back, then scale."""
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = (x32 * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+  return weight.astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,)) * y
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Inverse frequencies [head_dim / 2] (float32), with Llama-3 scaling when configured."""
+  dim = cfg.head_dim
+  exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+  inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv_freq
+  # Llama 3.1: long wavelengths divided by `factor`, a smooth ramp between the two bands.
+  factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+  old_len = s["original_max_position_embeddings"]
+  wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+  scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions, inv_freq):
+  """cos, sin of shape positions.shape + [head_dim], float32 (HF's cat(freqs, freqs) layout)."""
+  pos = positions.astype(jnp.float32)
+  freqs = pos[..., None] * jnp.asarray(inv_freq).reshape((1,) * pos.ndim + (-1,))
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_BxTxHxK, cos_BxTxK, sin_BxTxK):
+  """Rotates the halves of the head dimension (non-interleaved, as HF Qwen2/Llama)."""
+  half = x_BxTxHxK.shape[-1] // 2
+  x = x_BxTxHxK.astype(jnp.float32)
+  rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos_BxTxK[:, :, None, :], sin_BxTxK[:, :, None, :]
+  return (x * cos + rot * sin).astype(x_BxTxHxK.dtype)
+
+
+def attend(q_BxTxHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxTxS):
+  """Grouped-query softmax attention; scores and softmax in float32."""
+  b, t, h, k = q_BxTxHxK.shape
+  kv = k_BxSxKvxK.shape[2]
+  q = q_BxTxHxK.reshape(b, t, kv, h // kv, k)
+  s = jnp.einsum("btngk,bsnk->bngts", q, k_BxSxKvxK, preferred_element_type=jnp.float32)
+  s = s * (1.0 / math.sqrt(k))
+  s = jnp.where(allowed_BxTxS[:, None, None, :, :], s, _MASKED)
+  p = jax.nn.softmax(s, axis=-1).astype(v_BxSxKvxK.dtype)
+  o = jnp.einsum("bngts,bsnk->btngk", p, v_BxSxKvxK, preferred_element_type=jnp.float32)
+  return o.reshape(b, t, h, k).astype(q_BxTxHxK.dtype)
+
+
+def chunked_attend(q_BxTxHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxTxS, *, chunk: int):
+  """`attend` over blocks of `chunk` queries, so scores are [chunk, S], never [T, S].
+
+  Each block is rematerialised in the backward pass, so training memory also stays at one
+  block of scores.
+  """
+  t = q_BxTxHxK.shape[1]
+  if t <= chunk:
+    return attend(q_BxTxHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxTxS)
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  q = jnp.pad(q_BxTxHxK, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  allowed = jnp.pad(allowed_BxTxS, ((0, 0), (0, pad), (0, 0)))
+  b, _, h, k = q.shape
+  q_n = q.reshape(b, n, chunk, h, k).swapaxes(0, 1)
+  allowed_n = allowed.reshape(b, n, chunk, -1).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def block(xs):
+    q_blk, allowed_blk = xs
+    return attend(q_blk, k_BxSxKvxK, v_BxSxKvxK, allowed_blk)
+
+  o_n = jax.lax.map(block, (q_n, allowed_n))
+  return o_n.swapaxes(0, 1).reshape(b, n * chunk, h, k)[:, :t]
+
+
+def swiglu(x, w_gate, w_up, w_down):
+  """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
+  dt = x.dtype
+  g = jnp.einsum("btd,df->btf", x, w_gate.astype(dt))
+  u = jnp.einsum("btd,df->btf", x, w_up.astype(dt))
+  return jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, w_down.astype(dt))
