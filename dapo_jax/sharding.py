@@ -1,0 +1,139 @@
+"""Device meshes and the one table that maps logical axis names to mesh axes.
+
+Parameters carry logical names (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`,
+`layers`, `norm`); activations use `batch` and `cache_seq`. Swapping the rules table changes
+the parallelism, not the model code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dapo_jax.models.qwen2 import CACHE_AXES, Qwen2
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical name -> mesh axis (or tuple of axes, or None = replicated).
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("norm", None),
+    ("cache_seq", None),
+)
+
+
+def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+              ) -> Mesh:
+  """Mesh with the given axis names and sizes, in order; one size may be -1 (= the rest)."""
+  devices = list(jax.devices() if devices is None else devices)
+  if not axis_sizes:
+    raise ValueError("make_mesh: axis_sizes is empty")
+  names, sizes = list(axis_sizes), list(axis_sizes.values())
+  for name, size in zip(names, sizes):
+    if isinstance(size, bool) or not isinstance(size, int) or (size <= 0 and size != -1):
+      raise ValueError(f"make_mesh: axis {name!r} size must be a positive int or -1, "
+                       f"got {size!r}")
+  if sizes.count(-1) > 1:
+    raise ValueError(f"make_mesh: at most one axis may be -1, got {dict(axis_sizes)}")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f"make_mesh: {len(devices)} devices are not divisible by the fixed "
+                       f"axis sizes {dict(axis_sizes)} (product {known})")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f"make_mesh: axis sizes {dict(zip(names, sizes))} need "
+                     f"{math.prod(sizes)} devices, have {len(devices)}")
+  grid = np.array(devices, dtype=object).reshape(sizes)
+  return Mesh(grid, tuple(names),
+              axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
+def logical_to_mesh_sharding(names: Sequence[str | None], mesh: Mesh,
+                             rules=DEFAULT_RULES, *, shape: Sequence[int] | None = None
+                             ) -> NamedSharding:
+  """NamedSharding for an array whose dimensions carry these logical names.
+
+  Mesh axes that the mesh lacks, that an earlier dimension already uses, or (when `shape` is
+  given) that do not divide the dimension are dropped: that dimension is then replicated over
+  them (e.g. 2 KV heads on a tensor axis of 4).
+  """
+  table = dict(rules)
+  if shape is not None and len(shape) != len(names):
+    raise ValueError(f"logical names {tuple(names)} do not match shape {tuple(shape)}")
+  used, spec = set(), []
+  for i, name in enumerate(names):
+    if name is not None and name not in table:
+      raise ValueError(f"logical axis {name!r} has no entry in the rules table "
+                       f"(known: {sorted(table)})")
+    target = table.get(name) if name is not None else None
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    kept, size = [], 1
+    for ax in axes:
+      if ax not in mesh.shape or ax in used:
+        continue
+      if shape is not None and shape[i] % (size * mesh.shape[ax]):
+        continue
+      kept.append(ax)
+      size *= mesh.shape[ax]
+    used.update(kept)
+    spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def _is_var(x):
+  return isinstance(x, nnx.Variable)
+
+
+def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
+  """nnx.State of NamedSharding, same tree as nnx.state(model) (abstract models work too)."""
+  def to_sharding(v):
+    axes = v.get_metadata().get("logical_axes")
+    value = v.get_value()
+    if axes is None:
+      return v.replace(NamedSharding(mesh, PartitionSpec()))
+    return v.replace(logical_to_mesh_sharding(axes, mesh, rules, shape=value.shape))
+
+  return jax.tree.map(to_sharding, nnx.state(model), is_leaf=_is_var)
+
+
+def create_sharded_model(cfg, mesh: Mesh, *, rules=DEFAULT_RULES, seed: int = 0):
+  """Initialises a Qwen2 directly into its shardings: no unsharded copy ever exists."""
+  def init():
+    return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed)))
+
+  abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(seed)))
+  shardings = model_shardings(abstract, mesh, rules)
+  state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(nnx.graphdef(abstract), state)
+
+
+def data_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+  """Sharding of [B, ...] batch arrays: B over the mesh axes of logical `batch`."""
+  return logical_to_mesh_sharding(("batch",), mesh, rules)
+
+
+def cache_sharding(mesh: Mesh, cache_shape: Sequence[int], rules=DEFAULT_RULES
+                   ) -> NamedSharding:
+  """Sharding of one KV-cache array [L, B, S, Kv, Hd] (slots over `batch`)."""
+  return logical_to_mesh_sharding(CACHE_AXES, mesh, rules, shape=cache_shape)
+
+
+def per_device_bytes(tree) -> dict:
+  """Bytes of the addressable shards of every array in `tree`, per device."""
+  out: dict = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
