@@ -239,3 +239,8 @@ def test_package_import_is_light():
   out = subprocess.run([sys.executable, "-c", "import json; " + code], check=True,
                        capture_output=True, text=True).stdout
   assert json.loads(out) == []
+  import dapo_jax.data as data  # pylint: disable=g-import-not-at-top
+  assert data.SyntheticTask.__module__ == "dapo_jax.data.synthetic"
+  assert data.load_examples is readers.load_examples and data.PREFIX == template.PREFIX
+  with pytest.raises(AttributeError, match="no attribute 'nope'"):
+    data.nope  # pylint: disable=pointless-statement

@@ -32,7 +32,8 @@ def test_shipped_tokenizer_is_the_built_one(built):
   shipped = tok_lib.SYNTHETIC_TOKENIZER_DIR
   for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
     assert json.loads((shipped / name).read_text()) == json.loads((out / name).read_text()), (
-        f"{shipped / name} is stale: rebuild with build_synthetic_tokenizer(SYNTHETIC_TOKENIZER_DIR)")
+        f"{shipped / name} is stale: rebuild it with "
+        "tokenizer.build_synthetic_tokenizer(tokenizer.SYNTHETIC_TOKENIZER_DIR)")
   assert len(tok_lib.load_tokenizer()) == len(tok_lib.vocabulary())
 
 
@@ -63,7 +64,8 @@ def test_token_granularity(built):
   _, tok = built
   digit_ids = [tok.encode(str(d), add_special_tokens=False) for d in range(10)]
   assert all(len(i) == 1 for i in digit_ids) and len({i[0] for i in digit_ids}) == 10
-  assert tok.convert_ids_to_tokens(tok.encode("12+7=19\nAnswer: 19", add_special_tokens=False)) == [
+  ids = tok.encode("12+7=19\nAnswer: 19", add_special_tokens=False)
+  assert tok.convert_ids_to_tokens(ids) == [
       "1", "2", "+", "7", "=", "1", "9", "\n", "Answer", ":", " ", "1", "9"]
   # Words are whole tokens only when complete: "there" is not " the" + "re".
   assert tok.convert_ids_to_tokens(tok.encode(" there", add_special_tokens=False))[0] == " "

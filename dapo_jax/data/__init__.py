@@ -1,18 +1,25 @@
 """Data for dapo_jax: DAPO-Math-17k, eval sets, the synthetic CPU task, tokenizer, prompt batches.
 
-Importing this package is cheap: no TensorFlow, tensorflow-datasets or transformers import happens
-until a function needs one. The TFDS builders live in `dapo_jax.data.tfds_builders` (import it to
-register them with tfds).
+Importing this package is cheap: names resolve on first use, and no TensorFlow, tensorflow-datasets
+or transformers import happens until a function needs one (which also lets the modules run with
+`python -m dapo_jax.data.<module>` cleanly). The TFDS builders live in
+`dapo_jax.data.tfds_builders` (import it to register them with tfds).
 """
-from dapo_jax.data.example import Example, SkipReport, integer_answer
-from dapo_jax.data.pipeline import PromptBatch, PromptIterator
-from dapo_jax.data.readers import DATASETS, load_examples, read_file, shared_data_dir
-from dapo_jax.data.synthetic import SyntheticTask
-from dapo_jax.data.template import PREFIX, SUFFIX, make_prompt
-from dapo_jax.data.tokenizer import build_synthetic_tokenizer, load_tokenizer
+import importlib
 
-__all__ = [
-    "DATASETS", "Example", "PREFIX", "PromptBatch", "PromptIterator", "SUFFIX", "SkipReport",
-    "SyntheticTask", "build_synthetic_tokenizer", "integer_answer", "load_examples",
-    "load_tokenizer", "make_prompt", "read_file", "shared_data_dir",
-]
+_EXPORTS = {
+    "Example": "example", "SkipReport": "example", "integer_answer": "example",
+    "PromptBatch": "pipeline", "PromptIterator": "pipeline",
+    "DATASETS": "readers", "load_examples": "readers", "read_file": "readers",
+    "shared_data_dir": "readers",
+    "SyntheticTask": "synthetic",
+    "PREFIX": "template", "SUFFIX": "template", "make_prompt": "template",
+    "build_synthetic_tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'dapo_jax.data' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"dapo_jax.data.{_EXPORTS[name]}"), name)
