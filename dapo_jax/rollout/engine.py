@@ -1,0 +1,321 @@
+"""A JetStream Engine (google-jetstream 0.2.2 `engine_api.Engine`) over the Qwen2 policy.
+
+Prefill computes a prompt's KV cache and its next-token logits; insert copies that prefix into a
+decode slot; generate samples one token in every live slot and runs one decode step. The group
+sampler (sampler.py) drives the very same jitted functions, batching inserts and running
+several steps per call (`generate_chunk`, a while loop over `_step`), so there is one code path.
+
+Shapes are fixed at construction (slots, prompt and total length), sampling parameters and
+params are traced arguments, so neither new params nor refilled slots recompile.
+"""
+import functools
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jetstream.engine import engine_api
+from jetstream.engine import tokenizer_pb2
+
+from dapo_jax import sharding as sharding_lib
+from dapo_jax.rollout import sampling
+from dapo_jax.rollout import state as state_lib
+from dapo_jax.rollout import tokenizer as tokenizer_lib
+from dapo_jax.rollout.state import DecodeState, Prefix
+
+
+def _positive_int(value, name: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f"{name}: must be a positive int, got {value!r}")
+  return int(value)
+
+
+def _step(graphdef, params, rest, st: DecodeState):
+  """Samples one token in every slot, then runs the decode step for it (inactive slots idle)."""
+  keys_B = jax.vmap(lambda kd, t: jax.random.fold_in(state_lib.wrap_key(kd), t))(
+      st.keys_Bx2, st.gen_len_B)
+  tok_B, logp_B = sampling.sample_tokens(
+      st.logits_BxV, keys_B, temperature=st.temperature, top_p=st.top_p, top_k=st.top_k)
+  valid_B = st.active_B
+  tok_B = jnp.where(valid_B, tok_B, 0)
+  logp_B = jnp.where(valid_B, logp_B, 0.0)
+  gen_len_B = st.gen_len_B + valid_B.astype(jnp.int32)
+  hit_eos_B = jnp.any(tok_B[:, None] == st.eos_E[None, :], axis=-1)
+  active_B = valid_B & ~hit_eos_B & (gen_len_B < st.max_new_B)
+  # A slot that just finished still runs this decode step (rows are computed together); its
+  # position is clamped so a free slot never writes outside the cache.
+  max_pos = st.cache["k"].shape[2] - 1
+  model = nnx.merge(graphdef, params, rest)
+  logits_BxV, cache = model.decode_step(tok_B, jnp.minimum(st.positions_B, max_pos), st.cache)
+  new = st.replace(
+      cache=cache, logits_BxV=logits_BxV.astype(jnp.float32),
+      positions_B=st.positions_B + active_B.astype(jnp.int32), gen_len_B=gen_len_B,
+      active_B=active_B)
+  return new, tok_B, logp_B, valid_B
+
+
+def _generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, max_steps: int):
+  """Runs up to max_steps steps; stops early once every slot is free, or (when stop_on_finish)
+  as soon as any sample finishes, so the host can refill that slot at once."""
+  b = st.active_B.shape[0]
+
+  def cond(carry):
+    i, s, _, _, finished = carry
+    return (i < max_steps) & jnp.any(s.active_B) & ~(stop_on_finish & finished)
+
+  def body(carry):
+    i, s, tok_BxK, logp_BxK, _ = carry
+    s, tok_B, logp_B, valid_B = _step(graphdef, params, rest, s)
+    tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
+    logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
+    return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
+
+  init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
+          jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
+  steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
+  return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
+                  active_B=st.active_B)
+
+
+def _prefill(graphdef, params, rest, tokens_NxP, lengths_N) -> Prefix:
+  model = nnx.merge(graphdef, params, rest)
+  logits_NxV, cache = model.prefill(tokens_NxP, lengths_N)
+  return Prefix(cache=cache, logits_NpxV=logits_NxV.astype(jnp.float32), lengths_Np=lengths_N)
+
+
+def _insert(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_id_K, max_new_K):
+  """Copies prefix rows src_K into slots slot_K (an index equal to the slot count is a no-op)."""
+  p = prefix.cache["k"].shape[2]
+  s_len = st.cache["k"].shape[2]
+  cache = {name: st.cache[name].at[:, slot_K, :p].set(prefix.cache[name][:, src_K], mode="drop")
+           for name in ("k", "v")}
+  len_K = prefix.lengths_Np[src_K]
+  root = state_lib.wrap_key(st.root_key_2)
+  keys_Kx2 = jax.vmap(lambda a, b: jax.random.key_data(
+      jax.random.fold_in(jax.random.fold_in(root, a), b)))(prompt_id_K, sample_id_K)
+
+  def put(x, v):
+    return x.at[slot_K].set(v, mode="drop")
+
+  return st.replace(
+      cache=cache,
+      logits_BxV=put(st.logits_BxV, prefix.logits_NpxV[src_K]),
+      positions_B=put(st.positions_B, len_K),
+      gen_len_B=put(st.gen_len_B, jnp.zeros_like(len_K)),
+      max_new_B=put(st.max_new_B, jnp.minimum(max_new_K, s_len - len_K)),
+      active_B=put(st.active_B, jnp.ones_like(len_K, jnp.bool_)),
+      keys_Bx2=put(st.keys_Bx2, keys_Kx2))
+
+
+class Engine(engine_api.Engine):
+  """Decode slots over a Qwen2 policy (see the module docstring).
+
+  model: a dapo_jax Qwen2 (nnx) with prefill / decode_step / init_cache; only its nnx.Param
+    state is treated as params (weight sync replaces it), the rest is kept as built.
+  num_slots: concurrent samples (decode batch). max_prompt_len: prefill length (prompts are
+    right-padded to it). max_len: cache length, prompt + response.
+  mesh: mesh with axes among (data, fsdp, tensor); None = the first device.
+  sampling: parameters of the JetStream serving path (the sampler passes its own per call).
+  tokenizer_path: HF tokenizer dir for JetStream text requests; None serves token-id requests.
+  """
+
+  def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
+               sampling_params: sampling.SamplingParams = sampling.SamplingParams(),
+               steps_per_call: int = 16, tokenizer_path: str | None = None,
+               bos_id: int | None = None, pad_id: int = 0):
+    self._num_slots = _positive_int(num_slots, "num_slots")
+    self._max_prompt_len = _positive_int(max_prompt_len, "max_prompt_len")
+    self._max_len = _positive_int(max_len, "max_len")
+    self._steps_per_call = _positive_int(steps_per_call, "steps_per_call")
+    if self._max_prompt_len >= self._max_len:
+      raise ValueError(f"max_len: must exceed max_prompt_len ({max_prompt_len}) to leave room "
+                       f"for a response, got {max_len}")
+    self.cfg = model.cfg
+    if self._max_len > self.cfg.max_position_embeddings:
+      raise ValueError(f"max_len: {max_len} exceeds the model's max_position_embeddings "
+                       f"({self.cfg.max_position_embeddings})")
+    self.serving_sampling = sampling_params.validated(self.cfg.vocab_size)
+    self._tokenizer_path, self._bos_id, self._pad_id = tokenizer_path, bos_id, pad_id
+    self._requests_inserted = 0  # JetStream path: the sample id of each request's RNG stream
+
+    if mesh is None:
+      mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
+                                    devices=jax.devices()[:1])
+    self._mesh = mesh
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    self._graphdef = graphdef
+    self._param_shardings = _param_shardings(model, mesh)
+    self._params = jax.device_put(params, self._param_shardings)
+    self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    c = self.cfg
+    self._state_shardings = state_lib.decode_state_shardings(
+        mesh, cache_shape=(c.num_layers, self._num_slots, self._max_len, c.num_kv_heads,
+                           c.head_dim), vocab_size=c.vocab_size)
+    self._prefix_shardings = state_lib.prefix_shardings(
+        mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim))
+    g = graphdef
+    self._jit_prefill = jax.jit(functools.partial(_prefill, g),
+                                out_shardings=self._prefix_shardings)
+    self._jit_insert = jax.jit(_insert, donate_argnums=(1,), out_shardings=self._state_shardings)
+    self._jit_step = jax.jit(functools.partial(_step, g), donate_argnums=(2,),
+                             out_shardings=(self._state_shardings, None, None, None))
+    self._jit_chunk = jax.jit(
+        functools.partial(_generate_chunk, g, max_steps=self._steps_per_call),
+        donate_argnums=(2,), out_shardings=(self._state_shardings, None))
+    self._jit_result_step = jax.jit(functools.partial(_result_step, g), donate_argnums=(2,),
+                                    out_shardings=(self._state_shardings, None))
+    self._jit_init = jax.jit(functools.partial(_init_state, g, self._num_slots, self._max_len,
+                                               self.cfg.vocab_size),
+                             out_shardings=self._state_shardings)
+
+  # ---- params / weight sync ---------------------------------------------------------------
+  @property
+  def params(self):
+    return self._params
+
+  def load_params(self, params=None):
+    """Returns the engine's params; given `params` (an nnx.Param state, e.g. the trainer's, on
+    any mesh), checks them against the engine's, reshards them onto this engine's mesh, casts to
+    its dtypes, and keeps them. Shapes and shardings never change, so nothing recompiles."""
+    if params is None:
+      return self._params
+    want = jax.tree_util.tree_flatten_with_path(self._params)[0]
+    got, got_def = jax.tree_util.tree_flatten_with_path(params)
+    if got_def != jax.tree.structure(self._params):
+      names_w = {jax.tree_util.keystr(k) for k, _ in want}
+      names_g = {jax.tree_util.keystr(k) for k, _ in got}
+      raise ValueError(f"params: tree does not match the engine's; missing "
+                       f"{sorted(names_w - names_g)[:5]}, unexpected {sorted(names_g - names_w)[:5]}")
+    for (path, w), (_, x) in zip(want, got):
+      if tuple(x.shape) != tuple(w.shape):
+        raise ValueError(f"params{jax.tree_util.keystr(path)}: shape {tuple(x.shape)} does not "
+                         f"match the engine's {tuple(w.shape)}")
+    moved = jax.device_put(params, self._param_shardings)
+    self._params = jax.tree.map(
+        lambda x, w: x if x.dtype == w.dtype else _cast(x, w.dtype), moved, self._params)
+    return self._params
+
+  # ---- JetStream Engine API --------------------------------------------------------------
+  def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> Prefix:
+    """Prefix (Np = 1) of one right-padded prompt; the first response token is drawn from it."""
+    if existing_prefix is not None:
+      raise NotImplementedError("existing_prefix: continuing from a cached prefix (multi-turn "
+                                "session cache) is not supported by this engine")
+    tokens = np.asarray(padded_tokens).reshape(-1)
+    n = int(true_length)
+    if not 1 <= n <= min(tokens.shape[0], self._max_prompt_len):
+      raise ValueError(f"true_length: {n} must be in [1, min(len(padded_tokens)="
+                       f"{tokens.shape[0]}, max_prefill_length={self._max_prompt_len})]")
+    row = np.zeros((1, self._max_prompt_len), np.int32)
+    row[0, :n] = tokens[:n]
+    return self.prefill_batch(params, row, np.asarray([n], np.int32))
+
+  def prefill_batch(self, params, tokens_NxP, lengths_N) -> Prefix:
+    """Prefills N prompts at once (tokens right-padded to max_prefill_length)."""
+    return self._jit_prefill(params, self._rest, tokens_NxP, lengths_N)
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Puts a JetStream request into `slot`; it generates until EOS or the cache is full (the
+    orchestrator applies max_tokens). Its RNG stream is (engine seed, request number)."""
+    if not 0 <= slot < self._num_slots:
+      raise ValueError(f"slot: {slot} not in [0, {self._num_slots})")
+    st = self.insert_many(prefix, decode_state, src=[0], slots=[slot],
+                          prompt_ids=[self._requests_inserted], sample_ids=[0],
+                          max_new=[self._max_len])
+    self._requests_inserted += 1
+    return st
+
+  def insert_many(self, prefix: Prefix, decode_state: DecodeState, *, src, slots, prompt_ids,
+                  sample_ids, max_new) -> DecodeState:
+    """Copies prefix rows src[i] into slots[i], sample (prompt_ids[i], sample_ids[i]), with a
+    budget of max_new[i] tokens; padded to the slot count so one compiled insert serves all."""
+    k = len(slots)
+    pad = self._num_slots - k
+
+    def arr(x, fill):
+      return np.concatenate([np.asarray(x, np.int32), np.full((pad,), fill, np.int32)])
+
+    return self._jit_insert(prefix, decode_state, arr(src, 0), arr(slots, self._num_slots),
+                            arr(prompt_ids, 0), arr(sample_ids, 0), arr(max_new, 0))
+
+  def generate(self, params, decode_state: DecodeState):
+    """One token in every slot -> (state, ResultTokens [B, token | valid | length])."""
+    st, data_Bx3 = self._jit_result_step(params, self._rest, decode_state)
+    return st, engine_api.ResultTokens(data=data_Bx3, tokens_idx=(0, 1), valid_idx=(1, 2),
+                                       length_idx=(2, 3), samples_per_slot=1)
+
+  def generate_chunk(self, params, decode_state: DecodeState, *, stop_on_finish: bool):
+    """Up to steps_per_call steps in one call (see `_generate_chunk`) -> (state, outputs)."""
+    return self._jit_chunk(params, self._rest, decode_state, jnp.bool_(stop_on_finish))
+
+  def init_decode_state(self, sampling_params: sampling.SamplingParams | None = None):
+    """All slots free, with the given (validated) sampling parameters or the serving ones."""
+    sp = self.serving_sampling if sampling_params is None else sampling_params
+    sp = sp.validated(self.cfg.vocab_size)
+    return self._jit_init(self._params, self._rest, state_lib.root_key_data(sp.seed),
+                          np.float32(sp.temperature), np.float32(sp.top_p), np.int32(sp.top_k),
+                          sp.eos_array())
+
+  def get_prefix_destination_sharding(self) -> Prefix:
+    return self._prefix_shardings
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    return tokenizer_pb2.TokenizerParameters(path=self._tokenizer_path or "", extra_ids=0)
+
+  def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters):
+    eos = self.serving_sampling.eos_ids
+    return tokenizer_lib.build(metadata.path, eos_ids=eos, bos_id=self._bos_id,
+                               pad_id=self._pad_id)
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self._num_slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self._max_prompt_len
+
+  @property
+  def max_len(self) -> int:
+    return self._max_len
+
+  @property
+  def steps_per_call(self) -> int:
+    return self._steps_per_call
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self._mesh
+
+  @property
+  def colocated_cpus(self) -> None:
+    # Host-side work here is plain numpy on the controller; no colocated CPU devices are used.
+    return None
+
+
+def _result_step(graphdef, params, rest, st: DecodeState):
+  """`_step` packed as JetStream wants it: one int32 row per slot."""
+  st, tok_B, _, valid_B = _step(graphdef, params, rest, st)
+  return st, jnp.stack([tok_B, valid_B.astype(jnp.int32), st.gen_len_B], axis=-1)
+
+
+def _init_state(graphdef, num_slots, max_len, vocab_size, params, rest, root_key_2,
+                temperature, top_p, top_k, eos_E) -> DecodeState:
+  cache = nnx.merge(graphdef, params, rest).init_cache(num_slots, max_len)
+  return state_lib.empty_decode_state(
+      cache=cache, vocab_size=vocab_size, root_key_2=root_key_2, temperature=temperature,
+      top_p=top_p, top_k=top_k, eos_E=eos_E)
+
+
+def _cast(x, dtype):
+  return jax.jit(lambda a: a.astype(dtype), out_shardings=x.sharding)(x)
+
+
+def _param_shardings(model, mesh):
+  """NamedShardings of the model's nnx.Param leaves on `mesh` (the logical-axis rules table)."""
+  return nnx.filter_state(sharding_lib.model_shardings(model, mesh), nnx.Param)

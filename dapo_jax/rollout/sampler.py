@@ -1,0 +1,195 @@
+"""Group sampler: G samples per prompt with prefix fan-out and continuous batching.
+
+Each prompt is prefilled once and its prefix inserted into the G slots of its samples (a peer
+prefills every sample, wasting G - 1 prefills per prompt). Samples are queued in (prompt, sample)
+order; when one ends (EOS or its length budget) its slot takes the next queued sample before the
+next decode step (an Orca-style scheduler: the long tail of one group overlaps with new work).
+Every sample draws token t with the key fold_in(fold_in(fold_in(seed, prompt), sample), t), so
+results do not depend on which slot runs a sample or when it finishes.
+"""
+import dataclasses
+import math
+import numbers
+import time
+
+import jax
+import numpy as np
+
+from dapo_jax.rollout import flops
+from dapo_jax.rollout import sampling
+from dapo_jax.rollout.engine import Engine
+
+
+@dataclasses.dataclass
+class GroupRollout:
+  """Samples of N prompts x G, right-padded to T = max_new_tokens (numpy, host).
+
+  tokens: int32 [N, G, T], 0 after the end. logprobs: float32 [N, G, T], behaviour log-prob of
+  each token under the full temperature-scaled distribution, 0 on padding. lengths: int32 [N, G],
+  EOS included when produced. truncated: bool [N, G], stopped by max_new_tokens or max_len
+  without EOS. stats: scheduler figures (see GroupSampler.sample_groups).
+  """
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  lengths: np.ndarray
+  truncated: np.ndarray
+  stats: dict
+
+  @property
+  def mask(self) -> np.ndarray:
+    """bool [N, G, T]: True on response tokens."""
+    t = self.tokens.shape[-1]
+    return np.arange(t)[None, None, :] < self.lengths[:, :, None]
+
+
+def _int_arg(value, name: str, lo: int, hi: int | None = None) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (
+      hi is not None and value > hi):
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise ValueError(f"{name}: must be an int {rng}, got {value!r}")
+  return int(value)
+
+
+class GroupSampler:
+  """Host-side scheduler over an Engine's jitted prefill / insert / generate_chunk."""
+
+  def __init__(self, engine: Engine, *, prefill_batch: int | None = None):
+    self.engine = engine
+    self._prefill_batch = (None if prefill_batch is None
+                           else _int_arg(prefill_batch, "prefill_batch", 1))
+
+  def update_params(self, params) -> None:
+    """Weight sync: the trainer's nnx.Param state (any mesh) resharded onto the sampler's."""
+    self.engine.load_params(params)
+
+  def _check_prompts(self, prompts) -> list[np.ndarray]:
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+      raise ValueError(f"prompts: expected a list of token-id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+      raise ValueError("prompts: empty list; need at least one prompt")
+    vocab, limit = self.engine.cfg.vocab_size, self.engine.max_prefill_length
+    out = []
+    for i, p in enumerate(prompts):
+      a = np.asarray(p)
+      if a.ndim != 1 or not (a.size == 0 or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"prompts[{i}]: expected a flat list of int token ids, got shape "
+                         f"{a.shape} dtype {a.dtype}")
+      if a.size == 0:
+        raise ValueError(f"prompts[{i}]: empty prompt; every prompt needs at least one token")
+      if a.size > limit:
+        raise ValueError(f"prompts[{i}]: {a.size} tokens exceed max_prompt_len={limit} (the "
+                         "prefill limit); truncate it or build the sampler with a larger one")
+      if a.min() < 0 or a.max() >= vocab:
+        raise ValueError(f"prompts[{i}]: token id {int(a.min() if a.min() < 0 else a.max())} "
+                         f"outside the vocabulary [0, {vocab})")
+      out.append(a.astype(np.int32))
+    return out
+
+  def sample_groups(self, prompts, *, group_size: int, max_new_tokens: int,
+                    temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                    eos_ids=()) -> GroupRollout:
+    """Samples group_size responses for every prompt (a list of token-id lists).
+
+    stats: decode_steps (batched decode steps run), slot_utilisation (generated tokens /
+    (decode_steps x slots)), prefills (prompts prefilled: one each), prefill_calls,
+    inserts (samples inserted into slots), prefill_tokens_saved and prefill_flops_saved (what
+    prefilling every sample separately would have added), generated_tokens, wall_time_s,
+    tokens_per_s.
+    """
+    eng = self.engine
+    t0 = time.perf_counter()
+    g = _int_arg(group_size, "group_size", 1)
+    if g > eng.max_concurrent_decodes:
+      raise ValueError(f"group_size: {g} exceeds num_slots={eng.max_concurrent_decodes}; a group's "
+                       "samples share one prefix and must fit in the slots together")
+    t_max = _int_arg(max_new_tokens, "max_new_tokens", 1)
+    sp = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                 eos_ids=eos_ids).validated(eng.cfg.vocab_size)
+    rows = self._check_prompts(prompts)
+    n = len(rows)
+    b, p_len = eng.max_concurrent_decodes, eng.max_prefill_length
+    np_batch = self._prefill_batch or min(max(1, math.ceil(b / g)), n)
+    eos = set(sp.eos_ids)
+
+    tokens = np.zeros((n, g, t_max), np.int32)
+    logprobs = np.zeros((n, g, t_max), np.float32)
+    lengths = np.zeros((n, g), np.int32)
+    truncated = np.zeros((n, g), bool)
+    owner = np.full((b,), -1, np.int64)   # flat sample id (prompt * G + sample) held by a slot
+    received = np.zeros((b,), np.int64)   # tokens already copied out for that slot
+    free = list(range(b))
+    params = eng.params
+    st = eng.init_decode_state(sp)
+    prefix, pb_start = None, -1
+    next_sample, total = 0, n * g
+    steps = prefill_calls = inserts = chunks = 0
+
+    while True:
+      while free and next_sample < total:
+        pi = next_sample // g
+        if prefix is None or not pb_start <= pi < pb_start + np_batch:
+          prefix, pb_start = self._prefill(params, rows, pi, np_batch, p_len), pi
+          prefill_calls += 1
+        take_slots, take_ids = [], []
+        while free and next_sample < total and next_sample // g < pb_start + np_batch:
+          take_slots.append(free.pop(0))
+          take_ids.append(next_sample)
+          next_sample += 1
+        ids = np.asarray(take_ids)
+        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=take_slots,
+                             prompt_ids=ids // g, sample_ids=ids % g,
+                             max_new=np.full(ids.shape, t_max))
+        owner[take_slots], received[take_slots] = ids, 0
+        inserts += len(take_ids)
+      if not (owner >= 0).any():
+        break
+      st, out = eng.generate_chunk(params, st, stop_on_finish=next_sample < total)
+      out = jax.device_get(out)
+      chunks += 1
+      steps += int(out["steps"])
+      for slot in np.nonzero(owner >= 0)[0]:
+        sid, got = owner[slot], received[slot]
+        now = int(out["gen_len_B"][slot])
+        pi, gi = divmod(int(sid), g)
+        tokens[pi, gi, got:now] = out["tokens_BxK"][slot, :now - got]
+        logprobs[pi, gi, got:now] = out["logp_BxK"][slot, :now - got]
+        received[slot] = now
+        if not out["active_B"][slot]:
+          lengths[pi, gi] = now
+          truncated[pi, gi] = int(tokens[pi, gi, now - 1]) not in eos
+          owner[slot] = -1
+          free.append(int(slot))
+      free.sort()
+
+    wall = time.perf_counter() - t0
+    gen = int(lengths.sum())
+    prompt_lens = np.asarray([r.size for r in rows])
+    stats = dict(
+        decode_steps=steps, generate_calls=chunks, slot_utilisation=gen / max(steps * b, 1),
+        prefills=n, prefill_calls=prefill_calls, inserts=inserts,
+        prefill_tokens_saved=int(prompt_lens.sum()) * (g - 1),
+        prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(eng.cfg, int(x)) for x in prompt_lens),
+        generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall)
+    return GroupRollout(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=truncated,
+                        stats=stats)
+
+  def _prefill(self, params, rows, start: int, np_batch: int, p_len: int):
+    """Prefix of prompts [start, start + np_batch) (missing rows padded with one token)."""
+    toks = np.zeros((np_batch, p_len), np.int32)
+    lens = np.ones((np_batch,), np.int32)
+    for j, r in enumerate(rows[start:start + np_batch]):
+      toks[j, :r.size], lens[j] = r, r.size
+    return self.engine.prefill_batch(params, toks, lens)
+
+
+def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
+                 steps_per_call: int = 16, prefill_batch: int | None = None) -> GroupSampler:
+  """Fixed entry point: a GroupSampler over a new Engine for `model` (see Engine for args).
+
+  steps_per_call: most decode steps per device call (a call also returns as soon as a sample
+  ends while others wait, so this only bounds host round-trips). prefill_batch: prompts per
+  prefill call (default ceil(num_slots / group_size)).
+  """
+  engine = Engine(model, num_slots=num_slots, max_prompt_len=max_prompt_len, max_len=max_len,
+                  mesh=mesh, steps_per_call=steps_per_call)
+  return GroupSampler(engine, prefill_batch=prefill_batch)
