@@ -1,0 +1,114 @@
+"""The full field set of a dapo_jax run, with the DAPO recipe's algorithm settings.
+
+Not a runnable config on its own: configs/tiny_cpu.py, configs/dapo_qwen25_32b.py and
+configs/ladder.py start from `base_config()` and override what differs. Every field carries its
+unit; dapo_jax.config.parse() rejects unknown keys and out-of-range values.
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  c.model = dict(
+      source="config",          # "config" = init from these fields | "hf" = load hf_path
+      hf_path="",               # local HF checkpoint directory
+      vocab_size=0,             # tokens; 0 = the tokenizer's vocabulary
+      hidden_size=128,          # channels
+      intermediate_size=384,    # channels (SwiGLU)
+      num_layers=2,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=32,              # channels per head
+      rope_theta=10000.0,
+      tie_word_embeddings=True,
+      dtype="float32",
+      param_dtype="float32",
+      remat=False,
+      logits_chunk=512,         # tokens per log-prob chunk
+  )
+  c.task = dict(
+      name="synthetic",
+      difficulty=3,             # operands per synthetic problem
+      num_train=20000,          # prompts in the synthetic training pool
+      eval_name="synthetic_heldout",
+      tokenizer="synthetic",
+      max_prompt_len=96,        # tokens (left-truncated beyond)
+      reward="math_answer",
+      data_dir="",              # "" = ../shared/data beside the repo
+  )
+  c.warm_start = dict(steps=0, batch_size=64, lr=1e-3)  # steps, sequences, lr
+  c.rollout = dict(
+      group_size=16,            # G responses per prompt
+      max_new_tokens=48,        # tokens (L_max)
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,
+      num_slots=128,            # decode slots
+  )
+  c.algo = dict(                # DAPO (paper §3, reference script)
+      eps_low=0.2,
+      eps_high=0.28,
+      clip_c=10.0,              # dual-clip; 0 = off
+      loss_agg="token-mean",
+      loss_scale_factor=0.0,    # 0 = padded response length
+      adv_scale_by_std=True,
+      adv_eps=1e-6,
+      overlong_filter=False,
+      overlong_penalty=True,
+      overlong_cache_len=12,    # tokens (L_cache); ramp from max_new_tokens - this
+      overlong_factor=1.0,
+      dynamic_sampling=True,
+      gen_batch_size=24,        # prompts per generation round
+      max_gen_rounds=10,
+      kl_coef=0.0,
+      kl_kind="k3",
+      entropy_coef=0.0,
+      old_logp_source="recompute",
+  )
+  c.train = dict(
+      num_steps=20,             # rollout steps
+      batch_size=16,            # prompts (groups) per step
+      num_minibatches=4,        # optimizer updates per step
+      micro_batch_size=0,       # sequences per accumulation slice; 0 = whole mini-batch
+      max_bad_steps=3,          # consecutive non-finite updates before stopping
+      entropy_floor=0.05,       # nats
+      entropy_ceiling=4.0,      # nats
+      length_growth_warn=3.0,   # x step-1 mean length
+  )
+  c.optim = dict(lr=1e-6, warmup_steps=20, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.999,
+                 eps=1e-8)        # warmup in rollout steps
+  c.eval = dict(
+      every_steps=0,            # rollout steps; 0 = before and after training only
+      num_samples=16,           # k
+      num_problems=64,          # 0 = all
+      temperature=1.0,
+      top_p=0.7,
+      bootstrap_samples=1000,
+  )
+  c.mesh = dict(data=-1, fsdp=1, tensor=1)   # devices per axis; -1 = the rest
+  c.checkpoint = dict(every_steps=0, keep=2, async_save=True, export_hf=True)
+  c.log = dict(tensorboard=True, progress=True)
+  c.distributed = dict(enabled=False, coordinator_address="", num_processes=-1, process_id=-1,
+                       cpu_collectives="")
+  return c
+
+
+def parse_arg(arg: str | None, **defaults) -> dict:
+  """'a=1,b=x' -> {'a': 1, 'b': 'x'} typed like `defaults`; unknown keys are errors."""
+  out = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise ValueError(f"config arg: expected key=value, got {item!r}")
+    k, v = item.split("=", 1)
+    if k not in defaults:
+      raise ValueError(f"config arg: unknown option {k!r}; known: {sorted(defaults)}")
+    d = defaults[k]
+    if isinstance(d, bool):
+      if v not in ("True", "False", "true", "false", "1", "0"):
+        raise ValueError(f"config arg {k}: expected a bool, got {v!r}")
+      out[k] = v in ("True", "true", "1")
+    else:
+      out[k] = type(d)(v)
+  return out

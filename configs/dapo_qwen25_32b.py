@@ -1,0 +1,64 @@
+"""The paper's recipe: DAPO on Qwen2.5-32B base with DAPO-Math-17k, eval AIME-2024 avg@32.
+
+COMMAND (every worker of a Cloud TPU v5p-128 pod, 64 chips; the launcher prints it):
+  python experiments/launch.py --config=configs/dapo_qwen25_32b.py --backend=tpu-pod \
+      --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=gs-or-nfs/runs/dapo32b --dry_run
+  # which runs on each worker:
+  python -m dapo_jax.main --config=configs/dapo_qwen25_32b.py:hf_path=/ckpt/Qwen2.5-32B \
+      --workdir=/nfs/runs/dapo32b
+EXPECTED: the paper reports AIME-24 avg@32 = 50 (verl's reproduction: 52) after several thousand
+  rollout steps; one step generates up to 512 x 16 x 20,480 tokens. Not run here: this machine
+  has no accelerator and no network for the checkpoint. Settings follow ../shared/PAPER.md.
+"""
+from configs.base import base_config, parse_arg
+
+
+def get_config(arg=None):
+  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=3000)
+  c = base_config()
+  c.model.source = "hf"                 # Qwen2.5-32B base, a local HF checkpoint directory
+  c.model.hf_path = opts["hf_path"]
+  c.model.dtype = "bfloat16"            # compute
+  c.model.param_dtype = "float32"       # master weights (AdamW state is float32 too)
+  c.model.remat = True
+  c.model.logits_chunk = 2048           # tokens per log-prob chunk (V = 152,064)
+  c.task.name = "dapo_math_17k"
+  c.task.eval_name = "aime_2024"
+  c.task.tokenizer = opts["hf_path"]    # the checkpoint's own tokenizer
+  c.task.max_prompt_len = 2048          # tokens, left-truncated
+  c.rollout.group_size = 16             # G
+  c.rollout.max_new_tokens = 20480      # tokens (L_max)
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.num_slots = 2048            # decode slots per sampler
+  c.algo.eps_low = 0.2
+  c.algo.eps_high = 0.28
+  c.algo.clip_c = 10.0                  # dual-clip, as the reference run
+  c.algo.loss_agg = "token-mean"
+  c.algo.overlong_penalty = True
+  c.algo.overlong_filter = False
+  c.algo.overlong_cache_len = 4096      # tokens (L_cache): ramp 16,384 -> 20,480
+  c.algo.dynamic_sampling = True
+  c.algo.gen_batch_size = 1536          # prompts per generation round
+  c.algo.max_gen_rounds = 10
+  c.algo.kl_coef = 0.0
+  c.train.num_steps = opts["steps"]     # rollout steps
+  c.train.batch_size = 512              # prompts
+  c.train.num_minibatches = 16          # 32 prompts x 16 = 512 responses per update
+  c.train.micro_batch_size = 64         # sequences per accumulation slice
+  c.optim.lr = 1e-6
+  c.optim.warmup_steps = 20             # rollout steps (paper; the script uses 10)
+  c.optim.weight_decay = 0.1
+  c.optim.grad_clip = 1.0
+  c.eval.every_steps = 5                # rollout steps
+  c.eval.num_samples = 32               # avg@32
+  c.eval.num_problems = 0               # all 30 AIME-24 problems
+  c.eval.temperature = 1.0
+  c.eval.top_p = 0.7
+  c.mesh.data = 1                       # 64 chips: fsdp 16 x tensor 4
+  c.mesh.fsdp = -1
+  c.mesh.tensor = 4
+  c.checkpoint.every_steps = 10         # rollout steps
+  c.checkpoint.keep = 3
+  c.distributed.enabled = True          # TPU pod: coordinator found from the environment
+  return c

@@ -1,0 +1,89 @@
+"""The paper's Table 1 as six configurations of one loop, and its sweeps.
+
+Rungs (cumulative, as Table 1; AIME-24 avg@32 for Qwen2.5-32B in the paper):
+  naive_grpo      GRPO: symmetric clip 0.2, sample-level loss (seq-mean-token-mean), no
+                  overlong handling, no dynamic sampling                                  30
+  overlong_filter + truncated responses masked out of the loss                            36
+  clip_higher     + eps_high 0.28                                                         38
+  soft_overlong   + Eq. 13 soft punishment (replacing filtering, as the reference script) 41
+  token_level     + token-level loss (token-mean)                                         42
+  dapo            + dynamic sampling                                                      50
+Dual-clip (c = 10) and no KL are held fixed on every rung.
+
+COMMAND (one rung):
+  python -m dapo_jax.main --config=configs/ladder.py:rung=dapo --workdir=runs/ladder/dapo
+COMMAND (the whole ladder x 3 seeds on this machine, then the eps_high and L_cache sweeps):
+  python experiments/launch.py --config=configs/ladder.py --backend=local \
+      --workdir=runs/ladder --sweep=ladder
+  python experiments/launch.py --config=configs/ladder.py --backend=local \
+      --workdir=runs/sweeps --sweep=eps_high,l_cache
+EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
+  machine (tiny base); the rungs' ordering at this scale is reported with CIs in
+  notebooks/ablations.ipynb, including the claims that do not reproduce.
+
+Options (`:key=value,...`): rung (above), base (tiny | qwen25_32b), seed.
+"""
+import importlib
+
+from configs.base import parse_arg
+
+RUNGS = ("naive_grpo", "overlong_filter", "clip_higher", "soft_overlong", "token_level", "dapo")
+EPS_HIGH = (0.20, 0.24, 0.28, 0.32, 0.40)
+L_CACHE_FRACTIONS = (0.0, 0.125, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
+SEEDS = (0, 1, 2)
+
+
+def _base(name: str, seed: int):
+  if name == "tiny":
+    c = importlib.import_module("configs.tiny_cpu").get_config("ladder=True")
+  elif name == "qwen25_32b":
+    c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
+  else:
+    raise ValueError(f"ladder: unknown base {name!r}; expected tiny or qwen25_32b")
+  c.seed = seed
+  return c
+
+
+def apply_rung(c, rung: str):
+  """Sets the four DAPO switches of a Table-1 rung on config c (in place)."""
+  if rung not in RUNGS:
+    raise ValueError(f"ladder: unknown rung {rung!r}; expected one of {RUNGS}")
+  level = RUNGS.index(rung)
+  a = c.algo
+  a.overlong_filter = level in (1, 2)
+  a.eps_high = 0.28 if level >= 2 else 0.2
+  a.overlong_penalty = level >= 3
+  a.loss_agg = "token-mean" if level >= 4 else "seq-mean-token-mean"
+  a.dynamic_sampling = level >= 5
+  return c
+
+
+def get_config(arg=None):
+  opts = parse_arg(arg, rung="dapo", base="tiny", seed=0)
+  return apply_rung(_base(opts["base"], opts["seed"]), opts["rung"])
+
+
+def get_sweep(arg=None):
+  """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
+
+  ladder: 6 rungs x SEEDS. eps_high: the DAPO rung with each EPS_HIGH x SEEDS. l_cache: the DAPO
+  rung with overlong_cache_len = fraction x max_new_tokens x SEEDS. Several names may be joined
+  with ','.
+  """
+  names = (arg or "ladder").split(",")
+  runs = []
+  for name in names:
+    if name == "ladder":
+      runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s}", "overrides": {}}
+               for r in RUNGS for s in SEEDS]
+    elif name == "eps_high":
+      runs += [{"name": f"eps_high{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {"algo.eps_high": e}} for e in EPS_HIGH for s in SEEDS]
+    elif name == "l_cache":
+      max_new = get_config().rollout.max_new_tokens
+      runs += [{"name": f"lcache{f:.3f}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
+               for f in L_CACHE_FRACTIONS for s in SEEDS]
+    else:
+      raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache")
+  return runs

@@ -1,0 +1,44 @@
+"""The embedded default: a tiny Qwen2 policy on the synthetic task, DAPO on a 2-core CPU.
+
+COMMAND:
+  python -m dapo_jax.main --config=configs/tiny_cpu.py --workdir=runs/tiny_cpu
+EXPECTED: see README ("Main job") for the measured runtime and the before/after held-out avg@16.
+  Variant for CI and smoke tests (about a minute):
+  python -m dapo_jax.main --config=configs/tiny_cpu.py:runlocal=True --workdir=runs/tiny_smoke
+"""
+from configs.base import base_config, parse_arg
+
+
+def get_config(arg=None):
+  opts = parse_arg(arg, runlocal=False, ladder=False, init=False)
+  c = base_config()
+  # The shipped base policy (experiments/make_base_checkpoint.py); init=True: a fresh model with
+  # the fields of configs/base.py, which that script warm-starts.
+  if not opts["init"]:
+    c.model.source = "hf"
+    c.model.hf_path = "dapo_jax/assets/tiny_base"   # relative to the repo root
+  c.task.difficulty = 3                # operations per problem (reasoning lines)
+  c.task.max_prompt_len = 72           # tokens (the prompts are 66-70)
+  c.warm_start.batch_size = 64         # sequences (used by make_base_checkpoint.py)
+  c.warm_start.lr = 3e-3
+  c.rollout.group_size = 8             # G
+  c.rollout.max_new_tokens = 40        # tokens
+  c.rollout.num_slots = 128
+  c.algo.overlong_cache_len = 10       # tokens
+  c.algo.gen_batch_size = 24           # prompts per round
+  c.train.num_steps = 30               # rollout steps
+  c.train.batch_size = 16              # prompts
+  c.train.num_minibatches = 2          # updates per step
+  c.optim.lr = 1e-4                    # a tiny model moves slower than a 32B one
+  c.optim.warmup_steps = 2             # rollout steps
+  c.eval.num_problems = 128
+  c.eval.num_samples = 16
+  if opts["ladder"]:                   # shorter runs: 6 rungs x 3 seeds + sweeps on 2 cores
+    c.train.num_steps = 12
+    c.eval.num_problems = 64
+  if opts["runlocal"]:
+    c.train.num_steps = 2
+    c.eval.num_problems = 16
+    c.eval.num_samples = 4
+    c.eval.bootstrap_samples = 100
+  return c

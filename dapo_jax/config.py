@@ -1,0 +1,305 @@
+"""Typed, validated run configuration.
+
+Configs are `ml_collections.ConfigDict`s at the edges (configs/*.py, command-line overrides) and
+frozen dataclasses inside: `parse(cfg)` checks that every section has exactly the known keys (an
+unknown or missing key is an error naming it, never a silent default), converts them, and checks
+ranges and cross-field constraints before anything is compiled.
+"""
+import dataclasses
+import typing
+from typing import Any, Mapping
+
+from dapo_jax.core import losses as core_losses
+from dapo_jax.core import stats as core_stats
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCfg:
+  source: str                 # "config" (init from the fields below) | "hf" (load hf_path)
+  hf_path: str                # local HF checkpoint dir when source == "hf"
+  vocab_size: int             # tokens; 0 = take the tokenizer's vocabulary size
+  hidden_size: int            # channels
+  intermediate_size: int      # channels of the SwiGLU MLP
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int               # channels per head
+  rope_theta: float
+  tie_word_embeddings: bool
+  dtype: str                  # compute dtype: float32 | bfloat16
+  param_dtype: str            # float32 | bfloat16
+  remat: bool                 # rematerialise layer activations in the training forward
+  logits_chunk: int           # tokens per chunk of the chunked log-prob computation
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskCfg:
+  name: str                   # "synthetic" | "dapo_math_17k"
+  difficulty: int             # synthetic task: number of operands
+  num_train: int              # synthetic task: prompts in the training pool
+  eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
+  tokenizer: str              # "synthetic" (built in the workdir) | path to an HF tokenizer dir
+  max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)
+  reward: str                 # key of dapo_jax.rewards.REWARD_FNS
+  data_dir: str               # "" = the shared data dir beside the repo
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartCfg:
+  steps: int                  # supervised steps on reference solutions before RL; 0 = none
+  batch_size: int             # sequences per supervised step
+  lr: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutCfg:
+  group_size: int             # G: responses per prompt
+  max_new_tokens: int         # tokens: the generation limit (L_max of Eq. 13)
+  temperature: float
+  top_p: float
+  top_k: int                  # 0 = off
+  num_slots: int              # concurrent decode slots of the sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoCfg:
+  eps_low: float
+  eps_high: float
+  clip_c: float               # dual-clip constant; 0 = off
+  loss_agg: str               # one of core.losses.AGG_MODES
+  loss_scale_factor: float    # for seq-mean-token-sum-norm; 0 = the padded response length
+  adv_scale_by_std: bool      # False = Dr. GRPO (R − mean)
+  adv_eps: float
+  overlong_filter: bool       # mask truncated responses out of the loss
+  overlong_penalty: bool      # add Eq. 13's soft penalty to the reward
+  overlong_cache_len: int     # tokens (L_cache); the ramp starts at max_new_tokens − this
+  overlong_factor: float
+  dynamic_sampling: bool      # keep only groups with 0 < #correct < G, over-generate to fill
+  gen_batch_size: int         # prompts per generation round when dynamic_sampling
+  max_gen_rounds: int         # rounds before a DynamicSamplingError
+  kl_coef: float              # 0 = no reference model, nothing computed
+  kl_kind: str                # k1 | k2 | k3
+  entropy_coef: float         # entropy bonus; 0 = off
+  old_logp_source: str        # "recompute" (trainer forward, as the reference) | "sampler"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCfg:
+  num_steps: int              # rollout steps
+  batch_size: int             # prompts (groups) per rollout step
+  num_minibatches: int        # optimizer updates per rollout step
+  micro_batch_size: int       # sequences per gradient-accumulation slice; 0 = whole mini-batch
+  max_bad_steps: int          # consecutive non-finite updates (skipped) before the run stops
+  entropy_floor: float        # nats; warn below (entropy collapse)
+  entropy_ceiling: float      # nats; warn above (entropy explosion)
+  length_growth_warn: float   # warn when mean length exceeds this multiple of step 1's
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimCfg:
+  lr: float
+  warmup_steps: int           # rollout steps of linear warm-up (converted to optimizer updates)
+  weight_decay: float
+  grad_clip: float            # global norm; 0 = off
+  b1: float
+  b2: float
+  eps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalCfg:
+  every_steps: int            # rollout steps; 0 = only before and after training
+  num_samples: int            # k of avg@k / pass@k / maj@k
+  num_problems: int           # 0 = the whole eval set
+  temperature: float
+  top_p: float
+  bootstrap_samples: int      # resamples for the 95 % CIs
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshCfg:
+  data: int                   # devices; -1 = the rest
+  fsdp: int
+  tensor: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointCfg:
+  every_steps: int            # rollout steps; 0 = only at the end
+  keep: int                   # most recent checkpoints kept
+  async_save: bool
+  export_hf: bool             # write the final policy as an HF safetensors dir
+
+
+@dataclasses.dataclass(frozen=True)
+class LogCfg:
+  tensorboard: bool
+  progress: bool              # one console line per step
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedCfg:
+  enabled: bool               # call jax.distributed.initialize
+  coordinator_address: str    # "" = from the environment (TPU pods find it themselves)
+  num_processes: int          # -1 = from the environment
+  process_id: int             # -1 = from the environment
+  cpu_collectives: str        # "gloo" for multi-process CPU runs, "" otherwise
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  seed: int
+  model: ModelCfg
+  task: TaskCfg
+  warm_start: WarmStartCfg
+  rollout: RolloutCfg
+  algo: AlgoCfg
+  train: TrainCfg
+  optim: OptimCfg
+  eval: EvalCfg
+  mesh: MeshCfg
+  checkpoint: CheckpointCfg
+  log: LogCfg
+  distributed: DistributedCfg
+
+  @property
+  def minibatch_prompts(self) -> int:
+    return self.train.batch_size // self.train.num_minibatches
+
+  @property
+  def warmup_updates(self) -> int:
+    # The paper counts warm-up in rollout steps; the schedule ticks per optimizer update.
+    return self.optim.warmup_steps * self.train.num_minibatches
+
+
+def _convert(section: str, cls, raw: Mapping[str, Any]):
+  if not isinstance(raw, Mapping) and not hasattr(raw, "to_dict"):
+    raise ValueError(f"config.{section}: expected a section (ConfigDict), got {type(raw).__name__}")
+  raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  unknown = sorted(set(raw) - set(names))
+  missing = sorted(set(names) - set(raw))
+  if unknown:
+    raise ValueError(f"config.{section}: unknown key(s) {unknown}; known: {names}")
+  if missing:
+    raise ValueError(f"config.{section}: missing key(s) {missing}")
+  out = {}
+  for name in names:
+    v, t = raw[name], hints[name]
+    where = f"config.{section}.{name}"
+    if t is bool:
+      if not isinstance(v, bool):
+        raise ValueError(f"{where}: expected a bool, got {v!r}")
+    elif t is int:
+      if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{where}: expected an int, got {v!r}")
+    elif t is float:
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {v!r}")
+      v = float(v)
+    elif t is str:
+      if not isinstance(v, str):
+        raise ValueError(f"{where}: expected a string, got {v!r}")
+    out[name] = v
+  return cls(**out)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "seed"}
+
+
+def parse(cfg) -> Config:
+  """ConfigDict (or nested dict) -> validated Config. Raises ValueError naming the field."""
+  raw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+  unknown = sorted(set(raw) - set(_SECTIONS) - {"seed"})
+  if unknown:
+    raise ValueError(f"config: unknown top-level key(s) {unknown}; known: "
+                     f"{['seed', *_SECTIONS]}")
+  for name in ["seed", *_SECTIONS]:
+    if name not in raw:
+      raise ValueError(f"config: missing section {name!r}")
+  if isinstance(raw["seed"], bool) or not isinstance(raw["seed"], int):
+    raise ValueError(f"config.seed: expected an int, got {raw['seed']!r}")
+  hints = typing.get_type_hints(Config)
+  sections = {name: _convert(name, hints[name], raw[name]) for name in _SECTIONS}
+  c = Config(seed=raw["seed"], **sections)
+  validate(c)
+  return c
+
+
+def _require(ok: bool, where: str, msg: str):
+  if not ok:
+    raise ValueError(f"config.{where}: {msg}")
+
+
+def validate(c: Config):
+  """Ranges and cross-field constraints; every message names the offending field."""
+  m, r, a, t, o, e = c.model, c.rollout, c.algo, c.train, c.optim, c.eval
+  _require(m.source in ("config", "hf"), "model.source", f"must be 'config' or 'hf', got {m.source!r}")
+  _require(m.source != "hf" or bool(m.hf_path), "model.hf_path", "required when model.source='hf'")
+  if m.source == "config":
+    for f in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim"):
+      _require(getattr(m, f) > 0, f"model.{f}", f"must be > 0, got {getattr(m, f)}")
+    _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+             f"{m.num_kv_heads} must divide num_heads {m.num_heads}")
+  _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from tokenizer)")
+  for f in ("dtype", "param_dtype"):
+    _require(getattr(m, f) in ("float32", "bfloat16"), f"model.{f}",
+             f"must be float32 or bfloat16, got {getattr(m, f)!r}")
+  _require(m.logits_chunk > 0, "model.logits_chunk", "must be > 0")
+  _require(c.task.name in ("synthetic", "dapo_math_17k"), "task.name",
+           f"unknown task {c.task.name!r}")
+  _require(c.task.max_prompt_len > 0, "task.max_prompt_len", "must be > 0")
+  _require(c.task.difficulty >= 1, "task.difficulty", "must be >= 1")
+  _require(c.warm_start.steps >= 0, "warm_start.steps", "must be >= 0")
+  _require(r.group_size >= 2, "rollout.group_size", f"G must be >= 2 for group advantages, got {r.group_size}")
+  _require(r.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
+  _require(r.temperature > 0, "rollout.temperature", "must be > 0")
+  _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+  _require(r.top_k >= 0, "rollout.top_k", "must be >= 0")
+  _require(r.num_slots >= r.group_size, "rollout.num_slots",
+           f"{r.num_slots} slots cannot hold one group of G={r.group_size}")
+  try:
+    core_losses.check_clip_args(eps_low=a.eps_low, eps_high=a.eps_high,
+                                clip_c=a.clip_c if a.clip_c else None)
+    core_losses.check_agg(a.loss_agg, a.loss_scale_factor if a.loss_scale_factor else None)
+  except ValueError as err:
+    msg = str(err)
+    if msg.startswith("agg:"):
+      msg = "loss_agg:" + msg[len("agg:"):]
+    raise ValueError(f"config.algo.{msg}") from None
+  _require(a.eps_low < 1, "algo.eps_low", f"must be < 1, got {a.eps_low}")
+  _require(a.clip_c == 0 or a.clip_c > 1, "algo.clip_c", "must be 0 (off) or > 1")
+  _require(0 <= a.overlong_cache_len <= r.max_new_tokens, "algo.overlong_cache_len",
+           f"must be in [0, rollout.max_new_tokens={r.max_new_tokens}], got {a.overlong_cache_len}")
+  _require(a.overlong_factor >= 0, "algo.overlong_factor", "must be >= 0")
+  _require(a.gen_batch_size > 0, "algo.gen_batch_size", "must be > 0")
+  _require(a.max_gen_rounds >= 1, "algo.max_gen_rounds", "must be >= 1")
+  _require(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+  _require(a.kl_kind in core_stats.KL_KINDS, "algo.kl_kind", f"must be one of {core_stats.KL_KINDS}")
+  _require(a.old_logp_source in ("recompute", "sampler"), "algo.old_logp_source",
+           "must be 'recompute' or 'sampler'")
+  _require(t.num_steps >= 0, "train.num_steps", "must be >= 0")
+  _require(t.batch_size > 0, "train.batch_size", "must be > 0")
+  _require(t.num_minibatches > 0 and t.batch_size % t.num_minibatches == 0,
+           "train.num_minibatches",
+           f"batch_size {t.batch_size} prompts must divide into {t.num_minibatches} mini-batches")
+  seqs = (t.batch_size // max(t.num_minibatches, 1)) * r.group_size
+  _require(t.micro_batch_size >= 0 and (t.micro_batch_size == 0 or seqs % t.micro_batch_size == 0),
+           "train.micro_batch_size",
+           f"must be 0 or divide the mini-batch of {seqs} sequences, got {t.micro_batch_size}")
+  _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+  _require(o.lr > 0, "optim.lr", "must be > 0")
+  _require(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+  _require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+  _require(o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)")
+  _require(e.num_samples >= 1, "eval.num_samples", "must be >= 1")
+  _require(e.temperature > 0 and 0 < e.top_p <= 1, "eval.top_p", "temperature > 0, top_p in (0, 1]")
+  _require(e.bootstrap_samples >= 0, "eval.bootstrap_samples", "must be >= 0")
+  for f in ("data", "fsdp", "tensor"):
+    v = getattr(c.mesh, f)
+    _require(v == -1 or v >= 1, f"mesh.{f}", f"must be -1 or >= 1, got {v}")
+  _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
+           "at most one axis may be -1")
+  _require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")

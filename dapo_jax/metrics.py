@@ -1,0 +1,102 @@
+"""Step metrics to a JSONL file, TensorBoard event files and a console line; health warnings."""
+import json
+import logging
+import math
+import os
+import time
+
+import numpy as np
+
+log = logging.getLogger("dapo_jax")
+
+
+def to_float(v):
+  v = np.asarray(v)
+  return float(v) if v.size == 1 else float(v.mean())
+
+
+class MetricWriter:
+  """Writes one record per rollout step. Only process 0 writes (multi-host safe)."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool, progress: bool, total_steps: int,
+               is_main: bool = True, filename: str = "metrics.jsonl"):
+    self.is_main = is_main
+    self.progress = progress and is_main
+    self.total_steps = total_steps
+    self.path = os.path.join(workdir, filename)
+    self._tb = None
+    if is_main:
+      os.makedirs(workdir, exist_ok=True)
+      self._f = open(self.path, "a", encoding="utf-8")
+      if tensorboard:
+        import tensorboardX  # pylint: disable=import-outside-toplevel
+        self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._t0 = time.time()
+
+  def write(self, step: int, metrics: dict, *, kind: str = "train"):
+    if not self.is_main:
+      return
+    rec = {"step": step, "kind": kind}
+    for k, v in metrics.items():
+      if isinstance(v, (str, bool)) or v is None:
+        rec[k] = v
+      elif isinstance(v, (list, tuple)):
+        rec[k] = list(v)
+      else:
+        f = to_float(v)
+        rec[k] = f if math.isfinite(f) else str(f)
+    self._f.write(json.dumps(rec, sort_keys=True) + "\n")
+    self._f.flush()
+    if self._tb is not None:
+      for k, v in rec.items():
+        if isinstance(v, float):
+          self._tb.add_scalar(f"{kind}/{k.replace('@', '_at_')}", v, step)
+      self._tb.flush()
+    if self.progress and kind == "train":
+      self._console(step, rec)
+
+  def _console(self, step, rec):
+    width = 20
+    done = int(width * step / max(self.total_steps, 1))
+    bar = "#" * done + "-" * (width - done)
+    keys = [("acc", "gen_accuracy"), ("rew", "reward_mean"), ("len", "response_length_mean"),
+            ("ent", "entropy"), ("clip+", "clipfrac_upper"), ("rounds", "gen_rounds"),
+            ("tok/s", "tokens_per_s")]
+    parts = [f"{name} {rec[k]:.3g}" for name, k in keys if isinstance(rec.get(k), float)]
+    print(f"[{bar}] step {step}/{self.total_steps} " + " | ".join(parts)
+          + f" | {time.time() - self._t0:.0f}s", flush=True)
+
+  def close(self):
+    if self.is_main:
+      self._f.close()
+      if self._tb is not None:
+        self._tb.close()
+
+
+class HealthMonitor:
+  """Warns on the failure signatures the paper reads: entropy collapse, entropy or length blow-up."""
+
+  def __init__(self, *, entropy_floor: float, entropy_ceiling: float, length_growth: float):
+    self.entropy_floor = entropy_floor
+    self.entropy_ceiling = entropy_ceiling
+    self.length_growth = length_growth
+    self.first_length = None
+
+  def check(self, step: int, metrics: dict) -> list[str]:
+    warnings = []
+    ent = metrics.get("entropy")
+    if ent is not None and ent < self.entropy_floor:
+      warnings.append(f"step {step}: entropy {ent:.3f} < floor {self.entropy_floor} "
+                      f"(entropy collapse; consider a larger eps_high)")
+    if ent is not None and ent > self.entropy_ceiling:
+      warnings.append(f"step {step}: entropy {ent:.3f} > ceiling {self.entropy_ceiling}")
+    length = metrics.get("response_length_mean")
+    if length is not None:
+      if self.first_length is None:
+        self.first_length = max(length, 1e-9)
+      elif length > self.length_growth * self.first_length:
+        warnings.append(f"step {step}: mean response length {length:.1f} > "
+                        f"{self.length_growth}x step-1's {self.first_length:.1f}")
+    for w in warnings:
+      log.warning(w)
+    return warnings

@@ -1,0 +1,1 @@
+"""The DAPO trainer: state, the jitted update, dynamic sampling, checkpoints and the loop."""

@@ -1,0 +1,70 @@
+"""Dynamic sampling (DAPO §3.2): over-generate until the batch holds only mixed groups.
+
+Each round samples `gen_batch_size` prompts × G responses; groups with 0 < #correct < G (on the
+verifier's correctness, never the shaped reward) are kept. Rounds repeat until `batch_size` groups
+are held; the batch is cut to exactly that and the surplus is discarded (as the reference does;
+it is counted). After `max_gen_rounds` rounds without a full batch the step fails with the
+acceptance statistics. Every round's metrics are kept.
+"""
+from typing import Callable
+
+import numpy as np
+
+from dapo_jax.core import filtering
+from dapo_jax.train.groups import Groups
+
+
+class DynamicSamplingError(RuntimeError):
+  """Too few mixed groups after the allowed number of generation rounds."""
+
+
+def round_metrics(g: Groups, keep_N) -> dict:
+  acc_N = g.correct.mean(axis=1)
+  return {"prompts": len(g), "accepted": int(np.sum(keep_N)),
+          "frac_acc_1": float(np.mean(acc_N == 1.0)), "frac_acc_0": float(np.mean(acc_N == 0.0)),
+          "accuracy": float(g.correct.mean()), "reward_mean": float(g.reward.mean()),
+          "length_mean": float(g.lengths.mean())}
+
+
+def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
+            max_gen_rounds: int, dynamic: bool):
+  """Returns (batch Groups of exactly batch_size, summary metrics, per-round metrics).
+
+  generate(round_index, num_prompts) samples and scores one round. Without dynamic sampling a
+  single round of batch_size prompts is taken whole (uniform groups get zero advantage).
+  """
+  if not dynamic:
+    g = generate(0, batch_size)
+    rounds = [round_metrics(g, np.asarray(filtering.mixed_groups(g.correct)))]
+    return g, _summary(rounds, accepted_total=len(g), batch_size=batch_size), rounds
+  held, rounds, n_held = [], [], 0
+  for r in range(max_gen_rounds):
+    g = generate(r, gen_batch_size)
+    keep = np.asarray(filtering.mixed_groups(g.correct))
+    rounds.append(round_metrics(g, keep))
+    if keep.any():
+      held.append(g.select(np.flatnonzero(keep)))
+      n_held += int(keep.sum())
+    if n_held >= batch_size:
+      batch = Groups.concat(held).select(np.arange(batch_size))
+      return batch, _summary(rounds, accepted_total=n_held, batch_size=batch_size), rounds
+  sampled = sum(x["prompts"] for x in rounds)
+  raise DynamicSamplingError(
+      f"dynamic sampling: {n_held} mixed groups after {max_gen_rounds} rounds of "
+      f"{gen_batch_size} prompts (need algo batch of {batch_size}); acceptance "
+      f"{n_held}/{sampled} = {n_held / max(sampled, 1):.3f}; per round "
+      f"all-correct {[round(x['frac_acc_1'], 3) for x in rounds]}, all-wrong "
+      f"{[round(x['frac_acc_0'], 3) for x in rounds]}. Raise algo.max_gen_rounds or "
+      f"algo.gen_batch_size, or use an easier/harder task.")
+
+
+def _summary(rounds, *, accepted_total: int, batch_size: int) -> dict:
+  sampled = sum(x["prompts"] for x in rounds)
+  w = np.array([x["prompts"] for x in rounds], np.float64)
+  avg = lambda k: float(np.dot(w, [x[k] for x in rounds]) / w.sum())
+  return {"gen_rounds": len(rounds), "prompts_sampled": sampled,
+          "accepted_frac": accepted_total / max(sampled, 1),
+          "surplus_discarded": max(accepted_total - batch_size, 0),
+          "frac_groups_acc_1": avg("frac_acc_1"), "frac_groups_acc_0": avg("frac_acc_0"),
+          "gen_accuracy": avg("accuracy"), "gen_reward_mean": avg("reward_mean"),
+          "gen_length_mean": avg("length_mean")}

@@ -1,0 +1,110 @@
+"""Turns a validated Config into the run's parts: mesh, tokenizer, datasets, policy model."""
+import dataclasses
+import os
+
+import jax
+
+from dapo_jax import sharding
+from dapo_jax.config import Config
+from dapo_jax.data import readers, synthetic
+from dapo_jax.data import tokenizer as tokenizer_lib
+from dapo_jax.models import hf_io
+from dapo_jax.models.config import ModelConfig
+
+_EVAL_SETS = ("aime_2024", "aime_2025", "amc_2023", "math_500")
+
+
+def build_mesh(cfg: Config, devices=None):
+  m = cfg.mesh
+  try:
+    return sharding.make_mesh({"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor}, devices)
+  except ValueError as err:
+    raise ValueError(f"config.mesh: {err}") from None
+
+
+def check_batch_fits_mesh(cfg: Config, mesh):
+  """The sequences of a mini-batch and of a generation round must split over the batch axes."""
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  seqs = cfg.minibatch_prompts * cfg.rollout.group_size
+  mbs = cfg.train.micro_batch_size or seqs
+  if mbs % shards:
+    raise ValueError(f"config.train: {mbs} sequences per (micro-)batch do not split over "
+                     f"{shards} data-parallel shards (mesh data x fsdp)")
+
+
+@dataclasses.dataclass
+class Task:
+  train: list                # list[Example]
+  eval: list                 # list[Example]
+  tokenizer: object          # an HF tokenizer
+  eos_ids: tuple
+
+
+def load_task(cfg: Config) -> Task:
+  t = cfg.task
+  tok = tokenizer_lib.load_tokenizer(None if t.tokenizer == "synthetic" else t.tokenizer)
+  if t.name == "synthetic":
+    task = synthetic.SyntheticTask(difficulty=t.difficulty, seed=cfg.seed)
+    train = task.examples("train", t.num_train)
+  else:
+    train, report = readers.load_examples(t.name, data_dir=t.data_dir or None)
+    print(f"[data] {t.name}: {report.summary()}")
+  if t.eval_name == "synthetic_heldout":
+    if t.name != "synthetic":
+      raise ValueError("config.task.eval_name: synthetic_heldout needs task.name='synthetic'")
+    n = cfg.eval.num_problems or 256
+    evals = synthetic.SyntheticTask(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
+  elif t.eval_name in _EVAL_SETS:
+    evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
+  else:
+    raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
+                     f"synthetic_heldout or one of {_EVAL_SETS}")
+  if cfg.eval.num_problems:
+    evals = evals[:cfg.eval.num_problems]
+  if tok.eos_token_id is None:
+    raise ValueError(f"config.task.tokenizer: {t.tokenizer!r} has no EOS token")
+  return Task(train=train, eval=evals, tokenizer=tok, eos_ids=(int(tok.eos_token_id),))
+
+
+def model_config(cfg: Config, vocab_size: int) -> ModelConfig:
+  m = cfg.model
+  return ModelConfig(
+      vocab_size=m.vocab_size or vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
+      tie_word_embeddings=m.tie_word_embeddings, dtype=m.dtype, param_dtype=m.param_dtype,
+      remat=m.remat, logits_chunk=m.logits_chunk,
+      max_position_embeddings=max(4096, cfg.task.max_prompt_len + cfg.rollout.max_new_tokens))
+
+
+def build_model(cfg: Config, mesh, tokenizer):
+  """(model, ModelConfig): a fresh sharded init, or an HF checkpoint loaded onto the mesh."""
+  vocab = len(tokenizer)
+  if cfg.model.source == "hf":
+    model, mcfg = hf_io.load_pretrained(resolve_path(cfg.model.hf_path), mesh=mesh,
+                                        dtype=cfg.model.param_dtype)
+  else:
+    mcfg = model_config(cfg, vocab)
+    model = sharding.create_sharded_model(mcfg, mesh, seed=cfg.seed)
+  if mcfg.vocab_size < vocab:
+    raise ValueError(f"config.model.vocab_size: {mcfg.vocab_size} < tokenizer vocabulary {vocab}")
+  return model, mcfg
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_path(path: str) -> str:
+  """An absolute path, a path relative to the working directory, or else to the repo root."""
+  if os.path.isabs(path) or os.path.exists(path):
+    return path
+  return os.path.join(REPO_ROOT, path)
+
+
+def process_info():
+  return jax.process_index(), jax.process_count()
+
+
+def ensure_dir(path: str) -> str:
+  os.makedirs(path, exist_ok=True)
+  return path

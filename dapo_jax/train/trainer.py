@@ -1,0 +1,282 @@
+"""The DAPO loop, top to bottom.
+
+  prompts -> sample_groups (G each) -> verifier reward (+ overlong shaping) -> dynamic sampling
+  -> group advantages -> old log-probs -> num_minibatches updates -> weight sync -> eval -> log
+  -> checkpoint
+
+Every DAPO technique is a config switch, so naive GRPO and each Table-1 rung run this same loop.
+"""
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dapo_jax import eval as eval_lib
+from dapo_jax import metrics as metrics_lib
+from dapo_jax import sharding
+from dapo_jax.config import Config
+from dapo_jax.core import advantages, stats
+from dapo_jax.data.pipeline import PromptIterator
+from dapo_jax.rewards import get_reward_fn
+from dapo_jax.rollout.sampler import make_sampler
+from dapo_jax.train import checkpoint as ckpt_lib
+from dapo_jax.train import dynamic_sampling, groups as groups_lib, setup, sft
+from dapo_jax.train import state as state_lib
+from dapo_jax.train.train_step import LossOptions, logprobs, train_step
+
+log = logging.getLogger("dapo_jax")
+
+
+class TooManyBadSteps(RuntimeError):
+  """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
+
+
+def _seed(*parts) -> int:
+  """A 31-bit seed from the run seed and loop counters (the same on every host and on resume)."""
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
+
+
+@dataclasses.dataclass
+class Run:
+  """The live parts of a run (built once by `build`)."""
+  cfg: Config
+  workdir: str
+  mesh: object
+  task: setup.Task
+  graphdef: object
+  model_config: object
+  state: state_lib.TrainState
+  optimizer: object
+  sampler: object
+  data: PromptIterator
+  ref_params: object
+  step: int = 0
+  bad_steps: int = 0
+  first_length: float | None = None
+
+
+def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
+  mesh = setup.build_mesh(cfg) if mesh is None else mesh
+  setup.check_batch_fits_mesh(cfg, mesh)
+  task = setup.load_task(cfg)
+  model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
+  graphdef, params = nnx.split(model)
+  seq_len = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  has_ckpt = resume and os.path.isdir(ckpt_dir) and any(
+      d.isdigit() for d in os.listdir(ckpt_dir))
+  if cfg.warm_start.steps and not has_ckpt:
+    params, _ = sft.warm_start(
+        graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
+        batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr, seq_len=seq_len,
+        eos_id=task.eos_ids[0], seed=cfg.seed, data_sharding=sharding.data_sharding(mesh))
+  optimizer = state_lib.make_optimizer(
+      lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=cfg.optim.weight_decay,
+      grad_clip=cfg.optim.grad_clip, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps)
+  state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer))(params)
+  # The sampler owns its copy of the weights (its own mesh and shardings).
+  sampler = make_sampler(nnx.merge(graphdef, params), num_slots=cfg.rollout.num_slots,
+                         max_prompt_len=cfg.task.max_prompt_len, max_len=seq_len, mesh=mesh)
+  a = cfg.algo
+  pidx, pcount = setup.process_info()
+  data = PromptIterator(task.train, task.tokenizer,
+                        batch_size=a.gen_batch_size if a.dynamic_sampling else cfg.train.batch_size,
+                        seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
+                        shard_index=pidx, num_shards=pcount)
+  ref_params = jax.tree.map(jnp.copy, params) if a.kl_coef > 0 else None
+  return Run(cfg=cfg, workdir=workdir, mesh=mesh, task=task, graphdef=graphdef,
+             model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
+             ref_params=ref_params)
+
+
+def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.Groups:
+  cfg, a = run.cfg, run.cfg.algo
+  batch = next(run.data)
+  if len(batch.prompt_ids) != num_prompts:
+    raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {num_prompts}")
+  r = cfg.rollout
+  rollout = run.sampler.sample_groups(
+      batch.prompt_ids, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
+      temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      seed=_seed(cfg.seed, 1, run.step, round_index), eos_ids=run.task.eos_ids)
+  return groups_lib.score_rollout(
+      rollout, batch.prompt_ids, batch.answers, decode=run.task.tokenizer.batch_decode,
+      reward_fn=get_reward_fn(cfg.task.reward), overlong_penalty=a.overlong_penalty,
+      max_len=r.max_new_tokens, cache_len=a.overlong_cache_len, factor=a.overlong_factor)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy"))
+def _logprob_fn(params, tokens, attn, *, graphdef, temperature, with_entropy):
+  return logprobs(graphdef, params, tokens, attn, temperature=temperature,
+                  with_entropy=with_entropy)
+
+
+def _batched_logprobs(run: Run, params, arrays, rows: int, *, with_entropy: bool):
+  """Log-probs of all rows, `rows` sequences per device call (the mini-batch size)."""
+  dsh = sharding.data_sharding(run.mesh)
+  outs = []
+  for i in range(0, arrays["tokens"].shape[0], rows):
+    t = jax.device_put(arrays["tokens"][i:i + rows], dsh)
+    m = jax.device_put(arrays["attn_mask"][i:i + rows], dsh)
+    outs.append(_logprob_fn(params, t, m, graphdef=run.graphdef,
+                            temperature=run.cfg.rollout.temperature, with_entropy=with_entropy))
+  logp = np.concatenate([np.asarray(o[0]) for o in outs])
+  ent = np.concatenate([np.asarray(o[1]) for o in outs]) if with_entropy else None
+  return logp, ent
+
+
+def _jitted_train_step(run: Run):
+  opts = LossOptions.from_config(run.cfg)
+  return jax.jit(functools.partial(train_step, graphdef=run.graphdef, optimizer=run.optimizer,
+                                   opts=opts), donate_argnums=(0,))
+
+
+def rollout_step(run: Run, step_fn) -> dict:
+  """One rollout step: generate, score, filter, update. Returns the step's metrics (host)."""
+  cfg, a = run.cfg, run.cfg.algo
+  G = cfg.rollout.group_size
+  t0 = time.perf_counter()
+  batch, ds_summary, _ = dynamic_sampling.collect(
+      functools.partial(_generate_round, run), batch_size=cfg.train.batch_size,
+      gen_batch_size=a.gen_batch_size, max_gen_rounds=a.max_gen_rounds,
+      dynamic=a.dynamic_sampling)
+  t_rollout = time.perf_counter() - t0
+
+  adv = advantages.group_advantages(jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std,
+                                    eps=a.adv_eps)
+  seq_len = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
+  arrays = groups_lib.training_arrays(batch, np.asarray(adv), seq_len=seq_len,
+                                      overlong_filter=a.overlong_filter)
+  rows = cfg.minibatch_prompts * G
+  t1 = time.perf_counter()
+  resp_mask = _response_mask(batch, seq_len)
+  new_logp, entropy = _batched_logprobs(run, run.state.params, arrays, rows, with_entropy=True)
+  if a.old_logp_source == "recompute":
+    arrays["old_logp"] = new_logp * resp_mask
+  if a.kl_coef > 0:
+    arrays["ref_logp"], _ = _batched_logprobs(run, run.ref_params, arrays, rows,
+                                              with_entropy=False)
+  t_logp = time.perf_counter() - t1
+
+  t2 = time.perf_counter()
+  dsh = sharding.data_sharding(run.mesh)
+  step_metrics = []
+  for mb in range(cfg.train.num_minibatches):
+    sl = slice(mb * rows, (mb + 1) * rows)
+    minibatch = jax.device_put({k: v[sl] for k, v in arrays.items()}, dsh)
+    run.state, m = step_fn(run.state, minibatch)
+    step_metrics.append(m)
+  step_metrics = jax.device_get(step_metrics)
+  t_update = time.perf_counter() - t2
+
+  t3 = time.perf_counter()
+  run.sampler.update_params(run.state.params)
+  t_sync = time.perf_counter() - t3
+
+  skipped = sum(float(m["skipped"]) for m in step_metrics)
+  run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
+  lengths = batch.lengths.astype(np.float64)
+  tokens_generated = int(batch.lengths.sum())
+  out = {
+      "reward_mean": float(batch.reward.mean()), "score_mean": float(batch.score.mean()),
+      "accuracy": float(batch.correct.mean()),
+      "response_length_mean": float(lengths.mean()), "response_length_max": float(lengths.max()),
+      "response_length_p90": float(np.percentile(lengths, 90)),
+      "truncated_frac": float(batch.truncated.mean()),
+      "entropy": float(stats.masked_mean(entropy, resp_mask)),
+      "mean_token_prob": float(stats.masked_mean(np.exp(new_logp), resp_mask)),
+      "adv_abs_mean": float(np.abs(np.asarray(adv)).mean()),
+      "lr": float(state_lib.lr_schedule(lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates)(
+          run.state.updates)),
+      "updates_skipped": skipped, "tokens_generated": tokens_generated,
+      "time_rollout_s": t_rollout, "time_logprobs_s": t_logp, "time_update_s": t_update,
+      "time_sync_s": t_sync, "time_step_s": time.perf_counter() - t0,
+      "tokens_per_s": tokens_generated / max(t_rollout, 1e-9),
+  }
+  out.update(ds_summary)
+  for k in step_metrics[0]:
+    vals = [float(m[k]) for m in step_metrics]
+    out[k] = max(vals) if k == "ratio_max" else float(np.mean(vals))
+  return out
+
+
+def _response_mask(batch: groups_lib.Groups, seq_len: int) -> np.ndarray:
+  N, G = batch.lengths.shape
+  mask = np.zeros((N * G, seq_len), bool)
+  for n, p in enumerate(batch.prompts):
+    for g in range(G):
+      mask[n * G + g, len(p):len(p) + int(batch.lengths[n, g])] = True
+  return mask
+
+
+def run_eval(run: Run, tag: str) -> dict:
+  cfg, e = run.cfg, run.cfg.eval
+  prompts = [run.task.tokenizer.encode(x.prompt, add_special_tokens=False)[-cfg.task.max_prompt_len:]
+             for x in run.task.eval]
+  return eval_lib.evaluate(
+      run.sampler, prompts, [x.answer for x in run.task.eval], k=e.num_samples,
+      temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
+      seed=_seed(cfg.seed, 2, 0), decode=run.task.tokenizer.batch_decode,
+      reward_fn=get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
+      bootstrap_samples=e.bootstrap_samples) | {"tag": tag}
+
+
+def _meta(run: Run) -> dict:
+  return {"step": run.step, "data": run.data.state(), "bad_steps": run.bad_steps,
+          "first_length": run.first_length, "seed": run.cfg.seed,
+          "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
+
+
+def train(run: Run, *, resume: bool) -> dict:
+  """The loop. Returns {"before": eval, "after": eval, "steps": n}."""
+  cfg = run.cfg
+  is_main = jax.process_index() == 0
+  ckpt = ckpt_lib.Checkpointer(os.path.join(run.workdir, "checkpoints"), keep=cfg.checkpoint.keep,
+                               async_save=cfg.checkpoint.async_save)
+  if resume and ckpt.latest_step() is not None:
+    run.state, meta = ckpt.restore(ckpt.latest_step(), run.state)
+    run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
+    run.data.restore(meta["data"])
+    run.sampler.update_params(run.state.params)
+    print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
+  writer = metrics_lib.MetricWriter(run.workdir, tensorboard=cfg.log.tensorboard,
+                                    progress=cfg.log.progress, total_steps=cfg.train.num_steps,
+                                    is_main=is_main)
+  health = metrics_lib.HealthMonitor(entropy_floor=cfg.train.entropy_floor,
+                                     entropy_ceiling=cfg.train.entropy_ceiling,
+                                     length_growth=cfg.train.length_growth_warn)
+  health.first_length = run.first_length
+  results = {}
+  if run.step == 0:
+    results["before"] = run_eval(run, "before")
+    writer.write(0, results["before"], kind="eval")
+  step_fn = _jitted_train_step(run)
+  while run.step < cfg.train.num_steps:
+    m = rollout_step(run, step_fn)
+    run.step += 1
+    m["warnings"] = health.check(run.step, m)
+    run.first_length = health.first_length
+    writer.write(run.step, m)
+    if run.bad_steps >= cfg.train.max_bad_steps:
+      raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
+                            f"gradients (every update skipped); stopping at step {run.step}")
+    if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
+        and run.step < cfg.train.num_steps:
+      writer.write(run.step, run_eval(run, f"step{run.step}"), kind="eval")
+    if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
+      ckpt.save(run.step, run.state, _meta(run))
+  if ckpt.latest_step() != run.step:
+    ckpt.save(run.step, run.state, _meta(run))
+  ckpt.close()
+  results["after"] = run_eval(run, "after")
+  writer.write(run.step, results["after"], kind="eval")
+  writer.close()
+  results["steps"] = run.step
+  return results

@@ -1,0 +1,52 @@
+"""Builds the shipped tiny base policy: a supervised warm start on the synthetic task.
+
+DAPO starts from a pretrained base; offline there is none, so this script fits a tiny Qwen2 to a
+few hundred batches of reference solutions (configs/tiny_cpu.py's model, task and warm_start
+fields) and exports it as an HF checkpoint. The main job then loads it with
+`model.source = "hf"` and runs only RL. Re-run it to rebuild the base:
+
+  python experiments/make_base_checkpoint.py --steps=150 --out=dapo_jax/assets/tiny_base
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from flax import nnx  # noqa: E402
+
+from configs import tiny_cpu  # noqa: E402
+from dapo_jax import config as config_lib, sharding  # noqa: E402
+from dapo_jax.models import hf_io  # noqa: E402
+from dapo_jax.train import setup, sft  # noqa: E402
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--steps", type=int, required=True, help="supervised steps")
+  ap.add_argument("--out", required=True, help="output HF checkpoint directory")
+  ap.add_argument("--lr", type=float, default=None, help="default: the config's warm_start.lr")
+  args = ap.parse_args()
+  c = tiny_cpu.get_config("init=True")
+  c.warm_start.steps = args.steps
+  if args.lr is not None:
+    c.warm_start.lr = args.lr
+  cfg = config_lib.parse(c)
+  mesh = setup.build_mesh(cfg)
+  task = setup.load_task(cfg)
+  model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
+  graphdef, params = nnx.split(model)
+  t0 = time.time()
+  params, losses = sft.warm_start(
+      graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
+      batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
+      seq_len=cfg.task.max_prompt_len + cfg.rollout.max_new_tokens, eos_id=task.eos_ids[0],
+      seed=cfg.seed, data_sharding=sharding.data_sharding(mesh))
+  hf_io.save_pretrained(nnx.merge(graphdef, params), mcfg, args.out)
+  task.tokenizer.save_pretrained(args.out)
+  print(f"wrote {args.out}: {args.steps} steps in {time.time() - t0:.0f}s, final nll {losses[-1]:.4f}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,37 @@
+import math
+
+import numpy as np
+import pytest
+
+from dapo_jax import eval as eval_lib
+
+
+def test_pass_at_k_unbiased_values():
+  assert eval_lib.pass_at_k(4, 0, 2) == 0.0
+  assert eval_lib.pass_at_k(4, 4, 1) == 1.0
+  assert eval_lib.pass_at_k(4, 1, 1) == pytest.approx(0.25)
+  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+  assert eval_lib.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
+  with pytest.raises(ValueError, match="k"):
+    eval_lib.pass_at_k(4, 1, 5)
+  with pytest.raises(ValueError, match="c"):
+    eval_lib.pass_at_k(4, 5, 1)
+
+
+def test_majority_vote():
+  assert eval_lib.majority_correct(["12", "012", "7", None], "12")
+  assert not eval_lib.majority_correct(["7", "7", "12"], "12")
+  assert eval_lib.majority_correct(["12", "7"], "12")  # tie: first seen wins
+  assert not eval_lib.majority_correct([None, None], "12")
+
+
+def test_summarize_and_ci():
+  correct = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], bool)
+  preds = [["5", "4", "4", "4"], ["1"] * 4, ["9"] * 4]
+  s = eval_lib.summarize(correct, preds, ["5", "1", "3"], bootstrap_samples=500)
+  assert s["avg@4"] == pytest.approx((0.25 + 1 + 0) / 3)
+  assert s["pass@4"] == pytest.approx(2 / 3)
+  assert s["maj@4"] == pytest.approx(1 / 3)
+  assert s["avg@4_ci_lo"] <= s["avg@4"] <= s["avg@4_ci_hi"]
+  lo, hi = eval_lib.bootstrap_ci(np.ones(10), samples=100)
+  assert lo == hi == 1.0

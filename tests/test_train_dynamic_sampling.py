@@ -1,0 +1,82 @@
+import numpy as np
+import pytest
+
+from dapo_jax.train import dynamic_sampling
+from dapo_jax.train.groups import Groups, training_arrays
+
+
+def _groups(correct_NxG, lengths=None, seed=0):
+  c = np.asarray(correct_NxG, bool)
+  N, G = c.shape
+  lengths = np.full((N, G), 3, np.int32) if lengths is None else np.asarray(lengths, np.int32)
+  score = np.where(c, 1.0, -1.0).astype(np.float32)
+  rng = np.random.default_rng(seed)
+  # Shaped rewards differ inside all-wrong groups: filtering must still use correctness.
+  reward = score - rng.uniform(0, 0.5, (N, G)).astype(np.float32)
+  R = int(lengths.max())
+  return Groups(prompts=[[1, 2 + n] for n in range(N)], answers=[str(n) for n in range(N)],
+                tokens=np.ones((N, G, R), np.int32), behav_logp=np.full((N, G, R), -0.5, np.float32),
+                lengths=lengths, truncated=np.zeros((N, G), bool), correct=c, score=score,
+                reward=reward)
+
+
+def test_uniform_groups_hit_round_cap_with_clear_error():
+  calls = []
+
+  def gen(r, n):
+    calls.append((r, n))
+    return _groups(np.zeros((n, 4)) if r % 2 else np.ones((n, 4)))
+
+  with pytest.raises(dynamic_sampling.DynamicSamplingError, match=r"0 mixed groups after 3 rounds"):
+    dynamic_sampling.collect(gen, batch_size=4, gen_batch_size=6, max_gen_rounds=3, dynamic=True)
+  assert calls == [(0, 6), (1, 6), (2, 6)]
+
+
+def test_mixed_batch_and_every_round_counted():
+  rng = np.random.default_rng(0)
+  rounds_made = []
+
+  def gen(r, n):
+    c = rng.random((n, 4)) < 0.5
+    c[0] = True      # one all-correct group per round
+    c[1] = False     # one all-wrong group per round
+    rounds_made.append(c)
+    return _groups(c, seed=r)
+
+  batch, summary, rounds = dynamic_sampling.collect(gen, batch_size=10, gen_batch_size=6,
+                                                    max_gen_rounds=10, dynamic=True)
+  assert len(batch) == 10
+  n_correct = batch.correct.sum(axis=1)
+  assert np.all((n_correct > 0) & (n_correct < 4))
+  assert summary["gen_rounds"] == len(rounds) == len(rounds_made)
+  assert summary["prompts_sampled"] == 6 * len(rounds_made)
+  all_c = np.concatenate(rounds_made)
+  acc = all_c.mean(axis=1)
+  assert summary["frac_groups_acc_1"] == pytest.approx(np.mean(acc == 1.0))
+  assert summary["frac_groups_acc_0"] == pytest.approx(np.mean(acc == 0.0))
+  accepted = int(np.sum((all_c.sum(1) > 0) & (all_c.sum(1) < 4)))
+  assert summary["surplus_discarded"] == accepted - 10
+  assert summary["accepted_frac"] == pytest.approx(accepted / all_c.shape[0])
+
+
+def test_without_dynamic_sampling_takes_one_round_whole():
+  batch, summary, _ = dynamic_sampling.collect(lambda r, n: _groups(np.ones((n, 4))),
+                                               batch_size=5, gen_batch_size=99,
+                                               max_gen_rounds=1, dynamic=False)
+  assert len(batch) == 5 and summary["gen_rounds"] == 1 and summary["frac_groups_acc_1"] == 1.0
+
+
+def test_training_arrays_layout():
+  g = _groups([[True, False]], lengths=[[2, 3]])
+  g.truncated[0, 1] = True
+  arr = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=True)
+  np.testing.assert_array_equal(arr["tokens"][0], [1, 2, 1, 1, 0, 0])
+  np.testing.assert_array_equal(arr["attn_mask"][1], [1, 1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(arr["loss_mask"][0], [0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 0, 0, 0, 0])  # truncated: filtered
+  np.testing.assert_allclose(arr["old_logp"][0], [0, 0, -0.5, -0.5, 0, 0])
+  np.testing.assert_allclose(arr["adv"], [0.7, -0.7])
+  arr = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=False)
+  np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 1, 1, 1, 0])
+  with pytest.raises(ValueError, match="exceed seq_len"):
+    training_arrays(g, np.zeros((1, 2)), seq_len=4, overlong_filter=False)
