@@ -46,7 +46,7 @@ class HFTokenizer(tokenizer_api.Tokenizer):
 
   def __init__(self, path: str, *, bos_id: int | None, pad_id: int, eos_ids: tuple[int, ...]):
     from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-    self._tok = AutoTokenizer.from_pretrained(path)
+    self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     bos = bos_id if bos_id is not None else self._tok.bos_token_id
     if bos is None:
       raise ValueError(f"bos_id: the tokenizer at {path} has no BOS token and JetStream's "
