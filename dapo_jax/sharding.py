@@ -6,6 +6,7 @@ the parallelism, not the model code.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping, Sequence
 
@@ -110,13 +111,18 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
 
 def create_sharded_model(cfg, mesh: Mesh, *, rules=DEFAULT_RULES, seed: int = 0):
   """Initialises a Qwen2 directly into its shardings: no unsharded copy ever exists."""
-  def init():
-    return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed)))
+  graphdef, init = _sharded_init(cfg, mesh, tuple(tuple(r) for r in rules))
+  return nnx.merge(graphdef, init(jax.random.key(seed)))
 
-  abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(seed)))
+
+@functools.lru_cache(maxsize=16)
+def _sharded_init(cfg, mesh, rules):
+  """(graphdef, jitted key -> sharded state), cached so repeated calls do not recompile."""
+  abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
   shardings = model_shardings(abstract, mesh, rules)
-  state = jax.jit(init, out_shardings=shardings)()
-  return nnx.merge(nnx.graphdef(abstract), state)
+  init = jax.jit(lambda key: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(key))),
+                 out_shardings=shardings)
+  return nnx.graphdef(abstract), init
 
 
 def data_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
