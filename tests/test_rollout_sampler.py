@@ -253,6 +253,16 @@ def test_update_params_reshards_without_recompiling(model):
   assert not np.array_equal(before.tokens, after.tokens)
 
 
+def test_update_params_takes_pure_dicts_and_casts(model):
+  s = make_sampler(model, num_slots=2, max_prompt_len=P_LEN, max_len=MAX_LEN)
+  new = nnx.to_pure_dict(nnx.state(tiny_model(seed=2), nnx.Param))
+  s.update_params(jax.tree.map(lambda x: x.astype(jnp.bfloat16), new))
+  got = nnx.to_pure_dict(s.engine.params)
+  assert got["embed"].dtype == jnp.float32  # the engine keeps its dtype
+  np.testing.assert_array_equal(np.asarray(got["embed"]),
+                                np.asarray(new["embed"].astype(jnp.bfloat16), np.float32))
+
+
 def test_update_params_rejects_mismatched_params(sampler):
   params = nnx.state(tiny_model(), nnx.Param)
   bad_shape = jax.tree.map(lambda x: x, params)

@@ -175,23 +175,27 @@ class Engine(engine_api.Engine):
     return self._params
 
   def load_params(self, params=None):
-    """Returns the engine's params; given `params` (an nnx.Param state, e.g. the trainer's, on
-    any mesh), checks them against the engine's, reshards them onto this engine's mesh, casts to
-    its dtypes, and keeps them. Shapes and shardings never change, so nothing recompiles."""
+    """Returns the engine's params; given `params` (the trainer's nnx.Param state or a pure
+    dict of the same tree, on any mesh), checks them against the engine's, reshards them onto
+    this engine's mesh, casts to its dtypes, and keeps them. Shapes and shardings never change,
+    so nothing recompiles."""
     if params is None:
       return self._params
-    want = jax.tree_util.tree_flatten_with_path(self._params)[0]
-    got, got_def = jax.tree_util.tree_flatten_with_path(params)
-    if got_def != jax.tree.structure(self._params):
-      names_w = {jax.tree_util.keystr(k) for k, _ in want}
-      names_g = {jax.tree_util.keystr(k) for k, _ in got}
+    want, treedef = jax.tree_util.tree_flatten_with_path(self._params)
+    got = {_name(k): x for k, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    names = [_name(k) for k, _ in want]
+    if set(got) != set(names):
       raise ValueError(f"params: tree does not match the engine's; missing "
-                       f"{sorted(names_w - names_g)[:5]}, unexpected {sorted(names_g - names_w)[:5]}")
-    for (path, w), (_, x) in zip(want, got):
-      if tuple(x.shape) != tuple(w.shape):
-        raise ValueError(f"params{jax.tree_util.keystr(path)}: shape {tuple(x.shape)} does not "
+                       f"{sorted(set(names) - set(got))[:5]}, unexpected "
+                       f"{sorted(set(got) - set(names))[:5]}")
+    leaves = []
+    for name, (_, w) in zip(names, want):
+      x = got[name]
+      if tuple(getattr(x, "shape", ())) != tuple(w.shape):
+        raise ValueError(f"params{name}: shape {tuple(getattr(x, 'shape', ()))} does not "
                          f"match the engine's {tuple(w.shape)}")
-    moved = jax.device_put(params, self._param_shardings)
+      leaves.append(x)
+    moved = jax.device_put(jax.tree.unflatten(treedef, leaves), self._param_shardings)
     self._params = jax.tree.map(
         lambda x, w: x if x.dtype == w.dtype else _cast(x, w.dtype), moved, self._params)
     return self._params
@@ -310,6 +314,12 @@ def _init_state(graphdef, num_slots, max_len, vocab_size, params, rest, root_key
   return state_lib.empty_decode_state(
       cache=cache, vocab_size=vocab_size, root_key_2=root_key_2, temperature=temperature,
       top_p=top_p, top_k=top_k, eos_E=eos_E)
+
+
+def _name(path) -> str:
+  """A leaf's path as text, without nnx's trailing `.value` (so pure dicts match too)."""
+  name = jax.tree_util.keystr(path)
+  return name[:-len(".value")] if name.endswith(".value") else name
 
 
 def _cast(x, dtype):

@@ -90,11 +90,11 @@ class GroupSampler:
                     eos_ids=()) -> GroupRollout:
     """Samples group_size responses for every prompt (a list of token-id lists).
 
-    stats: decode_steps (batched decode steps run), slot_utilisation (generated tokens /
-    (decode_steps x slots)), prefills (prompts prefilled: one each), prefill_calls,
-    inserts (samples inserted into slots), prefill_tokens_saved and prefill_flops_saved (what
-    prefilling every sample separately would have added), generated_tokens, wall_time_s,
-    tokens_per_s.
+    stats: decode_steps (batched decode steps run), generate_calls (device calls of up to
+    steps_per_call steps), slot_utilisation (generated tokens / (decode_steps x slots)),
+    prefills (prompts prefilled: one each), prefill_calls, inserts (samples put into slots),
+    prefill_tokens_saved and prefill_flops_saved (what prefilling every sample separately would
+    have added), generated_tokens, wall_time_s, tokens_per_s.
     """
     eng = self.engine
     t0 = time.perf_counter()
@@ -106,80 +106,95 @@ class GroupSampler:
     sp = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                  eos_ids=eos_ids).validated(eng.cfg.vocab_size)
     rows = self._check_prompts(prompts)
-    n = len(rows)
-    b, p_len = eng.max_concurrent_decodes, eng.max_prefill_length
-    np_batch = self._prefill_batch or min(max(1, math.ceil(b / g)), n)
-    eos = set(sp.eos_ids)
-
-    tokens = np.zeros((n, g, t_max), np.int32)
-    logprobs = np.zeros((n, g, t_max), np.float32)
-    lengths = np.zeros((n, g), np.int32)
-    truncated = np.zeros((n, g), bool)
-    owner = np.full((b,), -1, np.int64)   # flat sample id (prompt * G + sample) held by a slot
-    received = np.zeros((b,), np.int64)   # tokens already copied out for that slot
-    free = list(range(b))
+    n, b = len(rows), eng.max_concurrent_decodes
+    np_batch = self._prefill_batch or min(math.ceil(b / g), n)
+    book = _Book(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids)
     params = eng.params
     st = eng.init_decode_state(sp)
     prefix, pb_start = None, -1
-    next_sample, total = 0, n * g
-    steps = prefill_calls = inserts = chunks = 0
+    next_sample, total = 0, n * g  # samples are queued in (prompt, sample) order
+    steps = prefill_calls = chunks = 0
 
     while True:
-      while free and next_sample < total:
-        pi = next_sample // g
-        if prefix is None or not pb_start <= pi < pb_start + np_batch:
-          prefix, pb_start = self._prefill(params, rows, pi, np_batch, p_len), pi
+      while book.free and next_sample < total:  # refill every free slot before the next step
+        if prefix is None or not pb_start <= next_sample // g < pb_start + np_batch:
+          pb_start = next_sample // g
+          prefix = self._prefill(params, rows, pb_start, np_batch)
           prefill_calls += 1
-        take_slots, take_ids = [], []
-        while free and next_sample < total and next_sample // g < pb_start + np_batch:
-          take_slots.append(free.pop(0))
-          take_ids.append(next_sample)
-          next_sample += 1
-        ids = np.asarray(take_ids)
-        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=take_slots,
+        stop = min(total, (pb_start + np_batch) * g, next_sample + len(book.free))
+        ids = np.arange(next_sample, stop)
+        slots = book.assign(ids)
+        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=slots,
                              prompt_ids=ids // g, sample_ids=ids % g,
                              max_new=np.full(ids.shape, t_max))
-        owner[take_slots], received[take_slots] = ids, 0
-        inserts += len(take_ids)
-      if not (owner >= 0).any():
+        next_sample = stop
+      if not book.busy():
         break
       st, out = eng.generate_chunk(params, st, stop_on_finish=next_sample < total)
       out = jax.device_get(out)
       chunks += 1
       steps += int(out["steps"])
-      for slot in np.nonzero(owner >= 0)[0]:
-        sid, got = owner[slot], received[slot]
-        now = int(out["gen_len_B"][slot])
-        pi, gi = divmod(int(sid), g)
-        tokens[pi, gi, got:now] = out["tokens_BxK"][slot, :now - got]
-        logprobs[pi, gi, got:now] = out["logp_BxK"][slot, :now - got]
-        received[slot] = now
-        if not out["active_B"][slot]:
-          lengths[pi, gi] = now
-          truncated[pi, gi] = int(tokens[pi, gi, now - 1]) not in eos
-          owner[slot] = -1
-          free.append(int(slot))
-      free.sort()
+      book.collect(out)
 
     wall = time.perf_counter() - t0
-    gen = int(lengths.sum())
-    prompt_lens = np.asarray([r.size for r in rows])
+    gen = int(book.lengths.sum())
+    prompt_lens = [r.size for r in rows]
     stats = dict(
         decode_steps=steps, generate_calls=chunks, slot_utilisation=gen / max(steps * b, 1),
-        prefills=n, prefill_calls=prefill_calls, inserts=inserts,
-        prefill_tokens_saved=int(prompt_lens.sum()) * (g - 1),
-        prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(eng.cfg, int(x)) for x in prompt_lens),
+        prefills=n, prefill_calls=prefill_calls, inserts=total,
+        prefill_tokens_saved=sum(prompt_lens) * (g - 1),
+        prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(eng.cfg, x) for x in prompt_lens),
         generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall)
-    return GroupRollout(tokens=tokens, logprobs=logprobs, lengths=lengths, truncated=truncated,
-                        stats=stats)
+    return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, lengths=book.lengths,
+                        truncated=book.truncated, stats=stats)
 
-  def _prefill(self, params, rows, start: int, np_batch: int, p_len: int):
+  def _prefill(self, params, rows, start: int, np_batch: int):
     """Prefix of prompts [start, start + np_batch) (missing rows padded with one token)."""
-    toks = np.zeros((np_batch, p_len), np.int32)
+    toks = np.zeros((np_batch, self.engine.max_prefill_length), np.int32)
     lens = np.ones((np_batch,), np.int32)
     for j, r in enumerate(rows[start:start + np_batch]):
       toks[j, :r.size], lens[j] = r, r.size
     return self.engine.prefill_batch(params, toks, lens)
+
+
+class _Book:
+  """Host bookkeeping of one sample_groups call: which sample each slot holds, and the outputs."""
+
+  def __init__(self, *, n: int, g: int, t_max: int, slots: int, eos: tuple[int, ...]):
+    self.g, self.eos = g, np.asarray(eos, np.int64)
+    self.tokens = np.zeros((n, g, t_max), np.int32)
+    self.logprobs = np.zeros((n, g, t_max), np.float32)
+    self.lengths = np.zeros((n, g), np.int32)
+    self.truncated = np.zeros((n, g), bool)
+    self.owner = np.full((slots,), -1, np.int64)  # flat sample id (prompt * G + sample) or -1
+    self.received = np.zeros((slots,), np.int64)  # tokens already copied out of the slot
+    self.free = list(range(slots))  # lowest slot first
+
+  def busy(self) -> bool:
+    return bool((self.owner >= 0).any())
+
+  def assign(self, ids: np.ndarray) -> list[int]:
+    slots, self.free = self.free[:ids.size], self.free[ids.size:]
+    self.owner[slots], self.received[slots] = ids, 0
+    return slots
+
+  def collect(self, out: dict) -> None:
+    """Copies a chunk's new tokens out of the live slots (vectorised); frees finished slots."""
+    live = np.nonzero(self.owner >= 0)[0]
+    now = out["gen_len_B"][live].astype(np.int64)
+    got = self.received[live]
+    pi, gi = np.divmod(self.owner[live], self.g)
+    k_max = out["tokens_BxK"].shape[1]
+    r, k = np.nonzero(np.arange(k_max)[None, :] < (now - got)[:, None])
+    self.tokens[pi[r], gi[r], got[r] + k] = out["tokens_BxK"][live[r], k]
+    self.logprobs[pi[r], gi[r], got[r] + k] = out["logp_BxK"][live[r], k]
+    self.received[live] = now
+    done = ~out["active_B"][live]
+    dp, dg, dn = pi[done], gi[done], now[done]
+    self.lengths[dp, dg] = dn
+    self.truncated[dp, dg] = ~np.isin(self.tokens[dp, dg, dn - 1], self.eos)
+    self.owner[live[done]] = -1
+    self.free = sorted(self.free + live[done].tolist())
 
 
 def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
