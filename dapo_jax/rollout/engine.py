@@ -146,8 +146,11 @@ class Engine(engine_api.Engine):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = _param_shardings(model, mesh)
-    self._params = jax.device_put(params, self._param_shardings)
-    self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    # may_alias=False: the engine owns its weights, so a trainer that donates its own buffers
+    # (jit donate_argnums) can never delete the sampler's.
+    self._params = jax.device_put(params, self._param_shardings, may_alias=False)
+    self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+                                may_alias=False)
     c = self.cfg
     self._state_shardings = state_lib.decode_state_shardings(
         mesh, cache_shape=(c.num_layers, self._num_slots, self._max_len, c.num_kv_heads,
@@ -195,7 +198,8 @@ class Engine(engine_api.Engine):
         raise ValueError(f"params{name}: shape {tuple(getattr(x, 'shape', ()))} does not "
                          f"match the engine's {tuple(w.shape)}")
       leaves.append(x)
-    moved = jax.device_put(jax.tree.unflatten(treedef, leaves), self._param_shardings)
+    moved = jax.device_put(jax.tree.unflatten(treedef, leaves), self._param_shardings,
+                           may_alias=False)
     self._params = jax.tree.map(
         lambda x, w: x if x.dtype == w.dtype else _cast(x, w.dtype), moved, self._params)
     return self._params
