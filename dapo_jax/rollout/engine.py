@@ -116,7 +116,10 @@ class Engine(engine_api.Engine):
   num_slots: concurrent samples (decode batch). max_prompt_len: prefill length (prompts are
     right-padded to it). max_len: cache length, prompt + response.
   mesh: mesh with axes among (data, fsdp, tensor); None = the first device.
-  sampling: parameters of the JetStream serving path (the sampler passes its own per call).
+  sampling_params: sampling parameters of the JetStream serving path (the sampler passes its
+    own per call). steps_per_call: most steps of one `generate_chunk` call.
+  bos_id / pad_id: what JetStream's orchestrator pads requests with (bos_id defaults to the HF
+    tokenizer's; needed for serving only).
   tokenizer_path: HF tokenizer dir for JetStream text requests; None serves token-id requests.
   """
 
@@ -161,8 +164,6 @@ class Engine(engine_api.Engine):
     self._jit_prefill = jax.jit(functools.partial(_prefill, g),
                                 out_shardings=self._prefix_shardings)
     self._jit_insert = jax.jit(_insert, donate_argnums=(1,), out_shardings=self._state_shardings)
-    self._jit_step = jax.jit(functools.partial(_step, g), donate_argnums=(2,),
-                             out_shardings=(self._state_shardings, None, None, None))
     self._jit_chunk = jax.jit(
         functools.partial(_generate_chunk, g, max_steps=self._steps_per_call),
         donate_argnums=(2,), out_shardings=(self._state_shardings, None))
@@ -239,6 +240,10 @@ class Engine(engine_api.Engine):
     """Copies prefix rows src[i] into slots[i], sample (prompt_ids[i], sample_ids[i]), with a
     budget of max_new[i] tokens; padded to the slot count so one compiled insert serves all."""
     k = len(slots)
+    if not 1 <= k <= self._num_slots or any(len(x) != k for x in (src, prompt_ids, sample_ids,
+                                                                  max_new)):
+      raise ValueError(f"insert_many: src, slots, prompt_ids, sample_ids, max_new need one equal "
+                       f"length in [1, {self._num_slots}], got slots of length {k}")
     pad = self._num_slots - k
 
     def arr(x, fill):
