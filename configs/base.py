@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
       vocab_size=0,             # tokens; 0 = the tokenizer's vocabulary
       hidden_size=128,          # channels
       intermediate_size=384,    # channels (SwiGLU)
-      num_layers=2,
+      num_layers=3,
       num_heads=4,
       num_kv_heads=2,
       head_dim=32,              # channels per head

@@ -27,6 +27,8 @@ def main():
   ap.add_argument("--steps", type=int, required=True, help="supervised steps")
   ap.add_argument("--out", required=True, help="output HF checkpoint directory")
   ap.add_argument("--lr", type=float, default=None, help="default: the config's warm_start.lr")
+  ap.add_argument("--save_every", type=int, default=0,
+                  help="also write snapshots <out>/step_<n> every n steps (to pick a base)")
   args = ap.parse_args()
   c = tiny_cpu.get_config("init=True")
   c.warm_start.steps = args.steps
@@ -38,11 +40,18 @@ def main():
   model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)
   t0 = time.time()
+
+  def snapshot(step, p):
+    if args.save_every and step % args.save_every == 0 and step < cfg.warm_start.steps:
+      out = os.path.join(args.out, f"step_{step}")
+      hf_io.save_pretrained(nnx.merge(graphdef, p), mcfg, out)
+      task.tokenizer.save_pretrained(out)
+
   params, losses = sft.warm_start(
       graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
       batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
       seq_len=cfg.task.max_prompt_len + cfg.rollout.max_new_tokens, eos_id=task.eos_ids[0],
-      seed=cfg.seed, data_sharding=sharding.data_sharding(mesh))
+      seed=cfg.seed, data_sharding=sharding.data_sharding(mesh), callback=snapshot)
   hf_io.save_pretrained(nnx.merge(graphdef, params), mcfg, args.out)
   task.tokenizer.save_pretrained(args.out)
   print(f"wrote {args.out}: {args.steps} steps in {time.time() - t0:.0f}s, final nll {losses[-1]:.4f}")

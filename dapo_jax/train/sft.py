@@ -49,8 +49,12 @@ def _step(params, opt_state, batch, *, graphdef, optimizer):
 
 
 def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size: int, lr: float,
-               seq_len: int, eos_id: int, seed: int, data_sharding=None, log_every: int = 50):
-  """Fits params to `steps` batches of reference solutions; returns (params, last losses)."""
+               seq_len: int, eos_id: int, seed: int, data_sharding=None, log_every: int = 50,
+               callback=None):
+  """Fits params to `steps` batches of reference solutions; returns (params, logged losses).
+
+  callback(step, params), if given, is called at every logging step (e.g. to save snapshots).
+  """
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 10, 1), steps,
                                                              lr * 0.1), weight_decay=0.0)
   opt_state = optimizer.init(params)
@@ -66,4 +70,6 @@ def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size:
     if (step + 1) % log_every == 0 or step + 1 == steps:
       losses.append(float(loss))
       print(f"[warm start] step {step + 1}/{steps} nll {losses[-1]:.4f}", flush=True)
+      if callback is not None:
+        callback(step + 1, params)
   return params, losses

@@ -124,7 +124,7 @@ def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimi
   """One optimizer update. A non-finite loss or gradient leaves params and optimizer untouched
   (the update is skipped and reported as `skipped` = 1)."""
   loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, opts)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
   new_params = jax.tree.map(lambda p, u: p + u.astype(p.dtype), state.params, updates)
