@@ -1,0 +1,53 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
+import launch  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_expand_ladder_sweep(tmp_path):
+  runs = launch.expand("configs/ladder.py", "ladder", str(tmp_path))
+  assert len(runs) == 18 and runs[0].name == "naive_grpo_s0"
+  assert runs[0].config_arg == "configs/ladder.py:rung=naive_grpo,seed=0"
+  eps = launch.expand("configs/ladder.py", "eps_high", str(tmp_path))
+  assert "--config.algo.eps_high=0.4" in eps[-1].argv()
+  single = launch.expand("configs/tiny_cpu.py", None, str(tmp_path))
+  assert [r.name for r in single] == ["run"]
+  with pytest.raises(ValueError, match="get_sweep"):
+    launch.expand("configs/tiny_cpu.py", "ladder", str(tmp_path))
+
+
+def test_status_skip_and_resume(tmp_path):
+  run = launch.expand("configs/ladder.py", "ladder", str(tmp_path))[0]
+  assert run.status() == "new" and "--resume" not in run.argv()
+  os.makedirs(os.path.join(run.workdir, "checkpoints", "4"))
+  assert run.status() == "interrupted" and run.argv()[-1] == "--resume"
+  with open(os.path.join(run.workdir, "results.json"), "w", encoding="utf-8") as f:
+    f.write('{"steps": 12, "after": {"avg@16": 0.5}, "before": {"avg@16": 0.25}}')
+  assert run.status() == "done"
+  row = launch._summary_row(run, "skipped", None)
+  assert "before   25.0" in row and "avg@16 50.0" in row and "steps    12" in row
+
+
+def test_dry_runs_print_exact_commands(tmp_path, capsys):
+  assert launch.main(["--config=configs/dapo_qwen25_32b.py", "--backend=tpu-pod",
+                      "--tpu_name=pod", "--zone=z", f"--workdir={tmp_path}", "--dry_run"]) == 0
+  out = capsys.readouterr().out.strip().splitlines()
+  assert len(out) == 1 and out[0].startswith("gcloud compute tpus tpu-vm ssh pod --zone=z")
+  assert "--worker=all" in out[0] and "dapo_jax.main --config=configs/dapo_qwen25_32b.py" in out[0]
+  assert launch.main(["--config=configs/ladder.py", "--sweep=l_cache", "--backend=multihost",
+                      f"--workdir={tmp_path}", "--dry_run", "--only=lcache0.250_s0"]) == 0
+  out = capsys.readouterr().out.strip().splitlines()
+  assert len(out) == 2 and all("--config.distributed.enabled=True" in l for l in out)
+  assert "--config.distributed.process_id=1" in out[1]
+
+
+def test_bad_arguments(tmp_path):
+  with pytest.raises(SystemExit):
+    launch.main(["--config=configs/ladder.py", "--backend=tpu-pod", f"--workdir={tmp_path}"])
+  with pytest.raises(SystemExit):
+    launch.main(["--config=configs/ladder.py", f"--workdir={tmp_path}", "--only=nope"])
+  with pytest.raises(ValueError, match="unknown sweep"):
+    launch.main(["--config=configs/ladder.py", "--sweep=bogus", f"--workdir={tmp_path}"])
