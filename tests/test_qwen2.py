@@ -235,3 +235,15 @@ def test_decode_from_empty_cache_equals_full_forward():
   for i in range(8):
     logits, cache = decode(model, toks[:, i], jnp.full((2,), i), cache)
     np.testing.assert_allclose(logits, full[:, i], atol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 3), (4, 1)])
+def test_single_query_attention_equals_general_attention(heads, kv_heads):
+  from dapo_jax.models import layers
+  k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(k1, (3, 1, heads, 8))
+  k = jax.random.normal(k2, (3, 10, kv_heads, 8))
+  v = jax.random.normal(k3, (3, 10, kv_heads, 8))
+  allowed = jax.random.bernoulli(k4, 0.6, (3, 10)).at[:, 0].set(True)
+  np.testing.assert_allclose(layers.attend_one(q, k, v, allowed),
+                             layers.attend(q, k, v, allowed[:, None, :]), atol=1e-5)

@@ -233,14 +233,14 @@ class Qwen2(nnx.Module):
                        f"{ {n: getattr(a, 'shape', None) for n, a in cache.items()} }")
     s = cache["k"].shape[2]
     rows = jnp.arange(b)
-    allowed_Bx1xS = (jnp.arange(s)[None, :] <= positions_B[:, None])[:, None, :]
+    allowed_BxS = jnp.arange(s)[None, :] <= positions_B[:, None]
     cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(self.cfg))
 
     def attention(q, k, v, extra):
       layer, ck, cv = extra
       ck = ck.at[layer, rows, positions_B].set(k[:, 0].astype(ck.dtype))
       cv = cv.at[layer, rows, positions_B].set(v[:, 0].astype(cv.dtype))
-      o = L.attend(q, ck[layer], cv[layer], allowed_Bx1xS)
+      o = L.attend_one(q, ck[layer], cv[layer], allowed_BxS)
       return o, (None, (layer + 1, ck, cv))
 
     h = self._embed(tokens_B[:, None])
