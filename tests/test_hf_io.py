@@ -138,6 +138,10 @@ def test_export_round_trip(checkpoints, family, tmp_path):
   hf_io.save_pretrained(model, cfg, out, overwrite=True)  # one file, no stale shards
   assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
   assert not (out / hf_io.INDEX_FILE).exists()
+  single, _ = hf_io.load_pretrained(out, mesh=mesh)  # the no-index path
+  for a, b in zip(jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(model))):
+    np.testing.assert_array_equal(a, b)
+    assert a.sharding == b.sharding
 
 
 def test_bfloat16_load_and_export(checkpoints, tmp_path):

@@ -198,12 +198,18 @@ def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
   return nnx.merge(nnx.graphdef(abstract), state), cfg
 
 
+def _place(x: np.ndarray, sharding):
+  """Host array -> device array with `sharding`; each device copies only its own shard
+  (and, multi-host, each process only its addressable ones)."""
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
 def _load_one(spec: TensorSpec, sds, sharding, handles, files, pdt, used):
   if not spec.layered:
     shape = tuple(sds.shape)
     x = _read(handles, files, spec.name(None), spec.hf_shape(shape), pdt)
     used.add(spec.name(None))
-    return jax.device_put(spec.to_ours(x, shape), sharding)
+    return _place(spec.to_ours(x, shape), sharding)
   n, per_layer = sds.shape[0], tuple(sds.shape[1:])
   out = _zeros_fn(tuple(sds.shape), sds.dtype, sharding)()
   set_layer = _set_layer_fn(sharding)
@@ -211,8 +217,7 @@ def _load_one(spec: TensorSpec, sds, sharding, handles, files, pdt, used):
   for i in range(n):
     x = _read(handles, files, spec.name(i), spec.hf_shape(per_layer), pdt)
     used.add(spec.name(i))
-    out = set_layer(out, jax.device_put(spec.to_ours(x, per_layer), layer_sharding),
-                    jnp.int32(i))
+    out = set_layer(out, _place(spec.to_ours(x, per_layer), layer_sharding), jnp.int32(i))
   return out
 
 
@@ -241,6 +246,9 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   if max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
   hf_config = cfg.to_hf_dict()
+  # The dtype written is the parameters' actual one (what the safetensors hold).
+  actual = jnp.dtype(nnx.state(model)["embed"].get_value().dtype).name
+  hf_config["dtype"] = hf_config["torch_dtype"] = actual
   if tokenizer_dir is not None:
     if not any((Path(tokenizer_dir) / f).is_file()
                for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
