@@ -1,0 +1,48 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dapo_jax import analysis
+
+
+def _write_run(root, name, accs, after, before=0.2):
+  d = os.path.join(root, name)
+  os.makedirs(d)
+  with open(os.path.join(d, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    f.write(json.dumps({"step": 0, "kind": "eval", "tag": "before", "avg@4": before}) + "\n")
+    for i, a in enumerate(accs, 1):
+      f.write(json.dumps({"step": i, "kind": "train", "gen_accuracy": a, "entropy": 1.0 - a}) + "\n")
+  with open(os.path.join(d, "results.json"), "w", encoding="utf-8") as f:
+    json.dump({"before": {"avg@4": before}, "after": {"avg@4": after}, "steps": len(accs)}, f)
+
+
+def test_load_group_and_stats(tmp_path):
+  for s, after in enumerate([0.5, 0.6, 0.7]):
+    _write_run(tmp_path, f"dapo_s{s}", [0.1, 0.2, 0.3], after)
+  for s, after in enumerate([0.2, 0.25, 0.3]):
+    _write_run(tmp_path, f"naive_grpo_s{s}", [0.1, 0.1, 0.1], after)
+  runs = analysis.load_runs(str(tmp_path))
+  g = analysis.by_group(runs)
+  assert sorted(g) == ["dapo", "naive_grpo"] and len(g["dapo"]) == 3
+  m, h, n = analysis.mean_ci([r.final_eval("avg@4") for r in g["dapo"]])
+  assert (m, n) == (pytest.approx(0.6), 3) and h == pytest.approx(4.303 * 0.1 / np.sqrt(3))
+  assert analysis.tail_mean(g["dapo"][0], "gen_accuracy", frac=0.34) == pytest.approx(0.3)
+  d, half, word = analysis.compare([r.final_eval("avg@4") for r in g["dapo"]],
+                                   [r.final_eval("avg@4") for r in g["naive_grpo"]])
+  assert d == pytest.approx(0.35) and word == "higher"
+  assert analysis.verdict(word, "higher") == "reproduced"
+  assert analysis.verdict(word, "lower") == "not reproduced"
+  assert analysis.verdict("overlapping", "higher") == "inconclusive at this scale"
+  assert analysis.compare([1.0], [0.0])[2] == "insufficient"
+
+
+def test_bad_log_line_names_the_file(tmp_path):
+  d = tmp_path / "x_s0"
+  d.mkdir()
+  (d / "metrics.jsonl").write_text('{"step": 1, "kind": "train"}\nnot json\n')
+  with pytest.raises(ValueError, match=r"x_s0/metrics.jsonl:2"):
+    analysis.load_runs(str(tmp_path))
+  with pytest.raises(FileNotFoundError):
+    analysis.load_runs(str(tmp_path / "missing"))
