@@ -111,8 +111,14 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
 
 def create_sharded_model(cfg, mesh: Mesh, *, rules=DEFAULT_RULES, seed: int = 0):
   """Initialises a Qwen2 directly into its shardings: no unsharded copy ever exists."""
-  graphdef, init = _sharded_init(cfg, mesh, tuple(tuple(r) for r in rules))
+  graphdef, init = _sharded_init(cfg, mesh, _freeze(rules))
   return nnx.merge(graphdef, init(jax.random.key(seed)))
+
+
+def _freeze(rules):
+  """Rules as a hashable tuple of (name, axis or tuple of axes) pairs."""
+  items = rules.items() if isinstance(rules, Mapping) else rules
+  return tuple((name, tuple(ax) if isinstance(ax, list) else ax) for name, ax in items)
 
 
 @functools.lru_cache(maxsize=16)

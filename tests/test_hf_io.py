@@ -176,6 +176,12 @@ def test_error_unsupported_architecture(checkpoints, tmp_path):
   _edit_config(path, model_type="gpt2")
   with pytest.raises(ValueError, match=r"config.json: unsupported architecture.*'gpt2'"):
     hf_io.load_pretrained(path)
+  d = json.loads((path / "config.json").read_text())
+  del d["hidden_size"]
+  d["model_type"] = "qwen2"
+  (path / "config.json").write_text(json.dumps(d))
+  with pytest.raises(ValueError, match=r"config.json: missing required key 'hidden_size'"):
+    hf_io.load_pretrained(path)
 
 
 def test_error_shape_mismatch_names_tensor_and_file(checkpoints, tmp_path):

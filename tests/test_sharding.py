@@ -64,6 +64,13 @@ def test_create_sharded_model_matches_eager_init_and_rules():
   assert state["layers"]["wq"].sharding.spec == P(None, "fsdp", "tensor", None)
   # 2 KV heads do not divide the tensor axis of 4: replicated over it, sharded over fsdp.
   assert state["layers"]["wk"].sharding.spec == P(None, "fsdp", None, None)
+  # Swapping the table (here: pure FSDP, as a dict) changes the parallelism, not the model.
+  fsdp_only = {**dict(S.DEFAULT_RULES), "vocab": None, "heads": None, "kv_heads": None,
+               "mlp": None}
+  state2 = nnx.state(S.create_sharded_model(CFG, mesh, rules=fsdp_only, seed=3))
+  assert state2["layers"]["wq"].sharding.spec == P(None, "fsdp", None, None)
+  assert state2["embed"].sharding.spec == P(None, "fsdp")
+  np.testing.assert_array_equal(state2["embed"], state["embed"])
 
 
 def _fwd_and_logprobs(model, toks, mask):

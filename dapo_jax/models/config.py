@@ -69,7 +69,7 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.rope_scaling is not None:
       _check_rope_scaling(self.rope_scaling)
-      # Freeze to a tuple-backed dict copy so the config stays hashable-ish and immutable.
+      # Own copy: a later edit of the caller's dict must not change this config.
       object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
 
   def __hash__(self):

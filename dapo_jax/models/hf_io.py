@@ -45,9 +45,13 @@ def read_config(path: str | os.PathLike, **overrides) -> ModelConfig:
     d = json.loads(file.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"{file}: not valid JSON ({e})") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"{file}: expected a JSON object, got {type(d).__name__}")
   try:
     return ModelConfig.from_hf_dict(d, **overrides)
-  except (ValueError, KeyError, TypeError) as e:
+  except KeyError as e:
+    raise ValueError(f"{file}: missing required key {e}") from e
+  except (ValueError, TypeError) as e:
     raise ValueError(f"{file}: {e}") from e
 
 
@@ -113,7 +117,8 @@ def _open(file: Path):
     handle = safe_open(str(file), framework="numpy")
   except (SafetensorError, OSError) as e:
     raise ValueError(f"corrupt or unreadable safetensors file {file}: {e}") from e
-  yield handle
+  with handle as h:
+    yield h
 
 
 def _read(handles: dict, files: dict[str, Path], name: str, want: tuple[int, ...], dtype):
