@@ -249,6 +249,25 @@ def test_error_corrupt_or_missing_files(checkpoints, tmp_path):
     hf_io.load_pretrained(empty)
 
 
+def test_hub_id_resolution(checkpoints, monkeypatch, tmp_path):
+  import huggingface_hub
+  calls = []
+
+  def fake_download(repo_id, allow_patterns):
+    calls.append(repo_id)
+    if repo_id == "org/missing":
+      raise OSError("no network")
+    return str(checkpoints["qwen2"][0])
+
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+  assert hf_io.resolve_path("Qwen/Qwen2.5-0.5B") == checkpoints["qwen2"][0]
+  with pytest.raises(ValueError, match="org/missing is not a local directory.*no network"):
+    hf_io.load_pretrained("org/missing")
+  with pytest.raises(ValueError, match="is not a directory"):
+    hf_io.resolve_path(tmp_path / "a" / "b" / "c")  # a path, not an id: never fetched
+  assert calls == ["Qwen/Qwen2.5-0.5B", "org/missing"]
+
+
 def test_save_errors(checkpoints, tmp_path):
   path = checkpoints["qwen2"][0]
   model, cfg = hf_io.load_pretrained(path)

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -163,17 +164,34 @@ def _layer_sharding(sharding):
   return sharding
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+  """A local checkpoint dir, or a hub id ("org/name") fetched with huggingface_hub."""
+  local = Path(path)
+  if local.is_dir():
+    return local
+  if local.exists() or not _HUB_ID.fullmatch(str(path)):
+    raise ValueError(f"checkpoint path {path} is not a directory")
+  import huggingface_hub  # only needed for hub ids
+  try:
+    return Path(huggingface_hub.snapshot_download(str(path), allow_patterns=_HUB_PATTERNS))
+  except Exception as e:  # offline, unknown repo, auth: all end the same way
+    raise ValueError(f"checkpoint path {path} is not a local directory and fetching it as a "
+                     f"hub id failed ({type(e).__name__}: {e})") from e
+
+
 def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
                     dtype: str = "float32", param_dtype: str | None = None,
                     rules=shd.DEFAULT_RULES, **overrides) -> tuple[Qwen2, ModelConfig]:
-  """Loads a local HF checkpoint dir into a (sharded) Qwen2 -> (model, model_config).
+  """Loads an HF checkpoint (local dir or hub id) into a (sharded) Qwen2 -> (model, config).
 
   `dtype` is the compute dtype and, unless `param_dtype` is given, the parameter dtype;
   `overrides` set other ModelConfig fields (e.g. remat=True, logits_chunk=256).
   """
-  path = Path(path)
-  if not path.is_dir():
-    raise ValueError(f"checkpoint path {path} is not a directory")
+  path = resolve_path(path)
   cfg = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, **overrides)
   check_tokenizer(path, cfg)
   files = tensor_files(path)
