@@ -40,11 +40,14 @@ def main(argv):
       f.write(FLAGS.config.to_json_best_effort(indent=2))
   run = trainer.build(cfg, workdir, resume=FLAGS.resume)
   results = trainer.train(run, resume=FLAGS.resume)
-  if cfg.checkpoint.export_hf and jax.process_index() == 0:
+  if cfg.checkpoint.export_hf:
+    # Every process takes part (the params are gathered across hosts); process 0 writes.
     out = os.path.join(workdir, "export")
-    hf_io.save_pretrained(nnx.merge(run.graphdef, run.state.params), run.model_config, out)
-    run.task.tokenizer.save_pretrained(out)
-    print(f"[export] HF checkpoint: {out}")
+    hf_io.save_pretrained(nnx.merge(run.graphdef, run.state.params), run.model_config, out,
+                          overwrite=True)
+    if jax.process_index() == 0:
+      run.task.tokenizer.save_pretrained(out)
+      print(f"[export] HF checkpoint: {out}")
   if jax.process_index() == 0:
     k = cfg.eval.num_samples
     with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

@@ -168,11 +168,18 @@ class PromptIterator:
     return self._perm
 
   def _encode(self, prompt: str) -> list[int]:
-    if self._chat:
-      text = self._tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                           add_generation_prompt=True)
-      return list(self._tok.encode(text, add_special_tokens=False))
-    return list(self._tok.encode(prompt, add_special_tokens=True))
+    return encode_prompt(self._tok, prompt, use_chat_template=self._chat)
+
+
+def encode_prompt(tokenizer, prompt: str, *, use_chat_template: bool = False) -> list[int]:
+  """Token ids of a prompt exactly as the policy sees it in training, sampling and evaluation
+  (the tokenizer's BOS, or the chat template's own special tokens). Every path that feeds the
+  policy a prompt must use this: a warm start without the BOS and RL with it shifts positions."""
+  if use_chat_template:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+  return list(tokenizer.encode(prompt, add_special_tokens=True))
 
 
 def _check_int(name: str, value, lo: int) -> None:

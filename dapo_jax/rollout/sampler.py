@@ -87,8 +87,11 @@ class GroupSampler:
 
   def sample_groups(self, prompts, *, group_size: int, max_new_tokens: int,
                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                    eos_ids=()) -> GroupRollout:
+                    eos_ids=(), prompt_offset: int = 0) -> GroupRollout:
     """Samples group_size responses for every prompt (a list of token-id lists).
+
+    prompt_offset: index of the first prompt in the RNG fold (a host sampling prompts
+    [o, o + n) of a larger batch draws the same samples as one host sampling the whole batch).
 
     stats: decode_steps (batched decode steps run), generate_calls (device calls of up to
     steps_per_call steps), slot_utilisation (generated tokens / (decode_steps x slots)),
@@ -103,6 +106,7 @@ class GroupSampler:
       raise ValueError(f"group_size: {g} exceeds num_slots={eng.max_concurrent_decodes}; a group's "
                        "samples share one prefix and must fit in the slots together")
     t_max = _int_arg(max_new_tokens, "max_new_tokens", 1)
+    offset = _int_arg(prompt_offset, "prompt_offset", 0)
     sp = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                  eos_ids=eos_ids).validated(eng.cfg.vocab_size)
     rows = self._check_prompts(prompts)
@@ -125,7 +129,7 @@ class GroupSampler:
         ids = np.arange(next_sample, stop)
         slots = book.assign(ids)
         st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=slots,
-                             prompt_ids=ids // g, sample_ids=ids % g,
+                             prompt_ids=ids // g + offset, sample_ids=ids % g,
                              max_new=np.full(ids.shape, t_max))
         next_sample = stop
       if not book.busy():

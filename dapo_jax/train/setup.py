@@ -22,6 +22,12 @@ def build_mesh(cfg: Config, devices=None):
     raise ValueError(f"config.mesh: {err}") from None
 
 
+def build_local_mesh(cfg: Config):
+  """The sampler's mesh on this process's devices: tensor axis as configured, the rest data."""
+  return sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": cfg.mesh.tensor},
+                            jax.local_devices())
+
+
 def check_batch_fits_mesh(cfg: Config, mesh):
   """The sequences of a mini-batch and of a generation round must split over the batch axes."""
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -30,6 +36,12 @@ def check_batch_fits_mesh(cfg: Config, mesh):
   if mbs % shards:
     raise ValueError(f"config.train: {mbs} sequences per (micro-)batch do not split over "
                      f"{shards} data-parallel shards (mesh data x fsdp)")
+  pcount = jax.process_count()
+  a = cfg.algo
+  round_prompts = a.gen_batch_size if a.dynamic_sampling else cfg.train.batch_size
+  if round_prompts % pcount:
+    raise ValueError(f"config.algo.gen_batch_size: {round_prompts} prompts per round do not "
+                     f"split over {pcount} processes")
 
 
 @dataclasses.dataclass
@@ -38,6 +50,11 @@ class Task:
   eval: list                 # list[Example]
   tokenizer: object          # an HF tokenizer
   eos_ids: tuple
+
+  def decode(self, token_lists):
+    """Response texts for the verifier: special tokens (the EOS that ends a sample) dropped,
+    else 'Answer: 10<eos>' would not read as an integer."""
+    return self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
 
 
 def load_task(cfg: Config) -> Task:

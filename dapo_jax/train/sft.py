@@ -12,7 +12,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from dapo_jax.data.pipeline import encode_prompt
 from dapo_jax.models.qwen2 import token_logprobs
+from dapo_jax.train import multihost
 
 
 def sequences(examples, tokenizer, *, seq_len: int, eos_id: int):
@@ -24,7 +26,7 @@ def sequences(examples, tokenizer, *, seq_len: int, eos_id: int):
   for i, ex in enumerate(examples):
     if ex.solution is None:
       raise ValueError(f"warm start: example {ex.id} has no reference solution")
-    p = tokenizer.encode(ex.prompt, add_special_tokens=False)
+    p = encode_prompt(tokenizer, ex.prompt)
     r = tokenizer.encode(ex.solution, add_special_tokens=False) + [eos_id]
     if len(p) + len(r) > seq_len:
       raise ValueError(f"warm start: example {ex.id} needs {len(p) + len(r)} tokens > {seq_len}")
@@ -64,7 +66,7 @@ def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size:
     idx = rng.choice(len(examples), size=batch_size, replace=False)
     batch = sequences([examples[i] for i in idx], tokenizer, seq_len=seq_len, eos_id=eos_id)
     if data_sharding is not None:
-      batch = jax.device_put(batch, data_sharding)
+      batch = multihost.put_tree(batch, data_sharding)
     params, opt_state, loss = _step(params, opt_state, batch, graphdef=graphdef,
                                     optimizer=optimizer)
     if (step + 1) % log_every == 0 or step + 1 == steps:

@@ -23,11 +23,11 @@ from dapo_jax import metrics as metrics_lib
 from dapo_jax import sharding
 from dapo_jax.config import Config
 from dapo_jax.core import advantages, stats
-from dapo_jax.data.pipeline import PromptIterator
+from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import get_reward_fn
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
-from dapo_jax.train import dynamic_sampling, groups as groups_lib, setup, sft
+from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.train_step import LossOptions, logprobs, train_step
 
@@ -81,9 +81,12 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
       lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=cfg.optim.weight_decay,
       grad_clip=cfg.optim.grad_clip, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps)
   state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer))(params)
-  # The sampler owns its copy of the weights (its own mesh and shardings).
-  sampler = make_sampler(nnx.merge(graphdef, params), num_slots=cfg.rollout.num_slots,
-                         max_prompt_len=cfg.task.max_prompt_len, max_len=seq_len, mesh=mesh)
+  # The sampler owns its copy of the weights (its own mesh and shardings). With several
+  # processes each host samples on its own devices, from a host copy of the params.
+  sampler_mesh = setup.build_local_mesh(cfg) if multihost.is_multi() else mesh
+  sampler = make_sampler(nnx.merge(graphdef, multihost.sampler_params(params)),
+                         num_slots=cfg.rollout.num_slots, max_prompt_len=cfg.task.max_prompt_len,
+                         max_len=seq_len, mesh=sampler_mesh)
   a = cfg.algo
   pidx, pcount = setup.process_info()
   data = PromptIterator(task.train, task.tokenizer,
@@ -98,18 +101,22 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
 
 def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.Groups:
   cfg, a = run.cfg, run.cfg.algo
-  batch = next(run.data)
-  if len(batch.prompt_ids) != num_prompts:
-    raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {num_prompts}")
+  batch = next(run.data)  # this host's contiguous slice of the round's prompts
+  pidx, pcount = setup.process_info()
+  local = num_prompts // pcount
+  if len(batch.prompt_ids) != local:
+    raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {local}")
   r = cfg.rollout
   rollout = run.sampler.sample_groups(
       batch.prompt_ids, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      seed=_seed(cfg.seed, 1, run.step, round_index), eos_ids=run.task.eos_ids)
-  return groups_lib.score_rollout(
-      rollout, batch.prompt_ids, batch.answers, decode=run.task.tokenizer.batch_decode,
+      seed=_seed(cfg.seed, 1, run.step, round_index), eos_ids=run.task.eos_ids,
+      prompt_offset=pidx * local)  # global prompt index: same samples on any host count
+  scored = groups_lib.score_rollout(
+      rollout, batch.prompt_ids, batch.answers, decode=run.task.decode,
       reward_fn=get_reward_fn(cfg.task.reward), overlong_penalty=a.overlong_penalty,
       max_len=r.max_new_tokens, cache_len=a.overlong_cache_len, factor=a.overlong_factor)
+  return multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy"))
@@ -123,10 +130,11 @@ def _batched_logprobs(run: Run, params, arrays, rows: int, *, with_entropy: bool
   dsh = sharding.data_sharding(run.mesh)
   outs = []
   for i in range(0, arrays["tokens"].shape[0], rows):
-    t = jax.device_put(arrays["tokens"][i:i + rows], dsh)
-    m = jax.device_put(arrays["attn_mask"][i:i + rows], dsh)
+    t = multihost.put(arrays["tokens"][i:i + rows], dsh)
+    m = multihost.put(arrays["attn_mask"][i:i + rows], dsh)
     outs.append(_logprob_fn(params, t, m, graphdef=run.graphdef,
                             temperature=run.cfg.rollout.temperature, with_entropy=with_entropy))
+  outs = multihost.to_host(outs)
   logp = np.concatenate([np.asarray(o[0]) for o in outs])
   ent = np.concatenate([np.asarray(o[1]) for o in outs]) if with_entropy else None
   return logp, ent
@@ -170,14 +178,14 @@ def rollout_step(run: Run, step_fn) -> dict:
   step_metrics = []
   for mb in range(cfg.train.num_minibatches):
     sl = slice(mb * rows, (mb + 1) * rows)
-    minibatch = jax.device_put({k: v[sl] for k, v in arrays.items()}, dsh)
+    minibatch = multihost.put_tree({k: v[sl] for k, v in arrays.items()}, dsh)
     run.state, m = step_fn(run.state, minibatch)
     step_metrics.append(m)
-  step_metrics = jax.device_get(step_metrics)
+  step_metrics = multihost.to_host(step_metrics)
   t_update = time.perf_counter() - t2
 
   t3 = time.perf_counter()
-  run.sampler.update_params(run.state.params)
+  run.sampler.update_params(multihost.sampler_params(run.state.params))
   t_sync = time.perf_counter() - t3
 
   skipped = sum(float(m["skipped"]) for m in step_metrics)
@@ -194,7 +202,7 @@ def rollout_step(run: Run, step_fn) -> dict:
       "mean_token_prob": float(stats.masked_mean(np.exp(new_logp), resp_mask)),
       "adv_abs_mean": float(np.abs(np.asarray(adv)).mean()),
       "lr": float(state_lib.lr_schedule(lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates)(
-          run.state.updates)),
+          multihost.to_host(run.state.updates))),
       "updates_skipped": skipped, "tokens_generated": tokens_generated,
       "time_rollout_s": t_rollout, "time_logprobs_s": t_logp, "time_update_s": t_update,
       "time_sync_s": t_sync, "time_step_s": time.perf_counter() - t0,
@@ -218,12 +226,12 @@ def _response_mask(batch: groups_lib.Groups, seq_len: int) -> np.ndarray:
 
 def run_eval(run: Run, tag: str) -> dict:
   cfg, e = run.cfg, run.cfg.eval
-  prompts = [run.task.tokenizer.encode(x.prompt, add_special_tokens=False)[-cfg.task.max_prompt_len:]
+  prompts = [encode_prompt(run.task.tokenizer, x.prompt)[-cfg.task.max_prompt_len:]
              for x in run.task.eval]
   return eval_lib.evaluate(
       run.sampler, prompts, [x.answer for x in run.task.eval], k=e.num_samples,
       temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
-      seed=_seed(cfg.seed, 2, 0), decode=run.task.tokenizer.batch_decode,
+      seed=_seed(cfg.seed, 2, 0), decode=run.task.decode,
       reward_fn=get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
       bootstrap_samples=e.bootstrap_samples) | {"tag": tag}
 
@@ -244,7 +252,7 @@ def train(run: Run, *, resume: bool) -> dict:
     run.state, meta = ckpt.restore(ckpt.latest_step(), run.state)
     run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
     run.data.restore(meta["data"])
-    run.sampler.update_params(run.state.params)
+    run.sampler.update_params(multihost.sampler_params(run.state.params))
     print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
   writer = metrics_lib.MetricWriter(run.workdir, tensorboard=cfg.log.tensorboard,
                                     progress=cfg.log.progress, total_steps=cfg.train.num_steps,
