@@ -21,21 +21,22 @@ def get_config(arg=None):
   c.task.max_prompt_len = 72           # tokens (the prompts are 66-70)
   c.warm_start.batch_size = 32         # sequences (used by make_base_checkpoint.py)
   c.warm_start.lr = 3e-3
-  c.rollout.group_size = 8             # G
+  c.rollout.group_size = 16            # G (as the paper)
   c.rollout.max_new_tokens = 40        # tokens
   c.rollout.num_slots = 128
   c.algo.overlong_cache_len = 10       # tokens
   c.algo.gen_batch_size = 24           # prompts per round
-  c.train.num_steps = 30               # rollout steps
+  c.train.num_steps = 80               # rollout steps
   c.train.batch_size = 16              # prompts
-  c.train.num_minibatches = 2          # updates per step
+  c.train.num_minibatches = 4          # updates per step (4 prompts x 16 per update)
   c.optim.lr = 1e-4                    # a tiny model moves slower than a 32B one
   c.optim.warmup_steps = 2             # rollout steps
   c.eval.num_problems = 128
   c.eval.num_samples = 16
   if opts["ladder"]:                   # shorter runs: 6 rungs x 3 seeds + sweeps on 2 cores
-    c.train.num_steps = 12
+    c.train.num_steps = 20             # rollout steps
     c.eval.num_problems = 64
+    c.eval.num_samples = 8
   if opts["runlocal"]:
     c.train.num_steps = 2
     c.eval.num_problems = 16

@@ -34,7 +34,8 @@ def fake_rewards(monkeypatch):
   monkeypatch.setitem(rewards.REWARD_FNS, "never", _never_reward)
 
 
-def tiny_config(**overrides):
+def tiny_dict(**overrides):
+  """A seconds-fast ConfigDict: 1-layer model, G=4, 4 prompts, 8 new tokens, fake verifier."""
   c = tiny_cpu.get_config("init=True")
   c.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                  num_kv_heads=1, head_dim=16)
@@ -49,7 +50,11 @@ def tiny_config(**overrides):
   for path, v in overrides.items():
     section, key = path.split(".")
     c[section][key] = v
-  return config_lib.parse(c)
+  return c
+
+
+def tiny_config(**overrides):
+  return config_lib.parse(tiny_dict(**overrides))
 
 
 def _records(workdir):
@@ -125,3 +130,41 @@ def test_nan_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
   after = jax.tree.map(np.asarray, nnx.to_pure_dict(run.state.params))
   jax.tree.map(np.testing.assert_array_equal, before, after)
   assert [r["updates_skipped"] for r in _records(tmp_path)] == [2.0, 2.0]
+
+
+
+# A large lr makes ratios move within the step; 24 new tokens let some samples end (EOS).
+FLIP = {"optim.lr": 3e-2, "optim.warmup_steps": 0, "algo.max_gen_rounds": 8,
+        "rollout.max_new_tokens": 24, "algo.overlong_cache_len": 4}
+
+
+def _one_step(c, workdir):
+  run = trainer.build(config_lib.parse(c), str(workdir), resume=False)
+  return trainer.rollout_step(run, trainer._jitted_train_step(run))  # pylint: disable=protected-access
+
+
+def test_each_ladder_switch_changes_the_run(tmp_path):
+  """Walks the Table-1 rungs on a tiny run (same seed, so the same rollouts); each switch must
+  show in the step's metrics."""
+  from configs import ladder  # pylint: disable=import-outside-toplevel
+  m = {}
+  for rung in ladder.RUNGS:
+    c = ladder.apply_rung(tiny_dict(**FLIP), rung)
+    m[rung] = _one_step(c, tmp_path / rung)
+  # Overlong filtering: truncated responses (most, at 24 new tokens) leave the loss.
+  assert 0 < m["naive_grpo"]["truncated_frac"] < 1
+  assert m["overlong_filter"]["num_tokens"] < m["naive_grpo"]["num_tokens"]
+  # Soft overlong punishment: truncated responses are penalised (-1 at the limit).
+  assert m["soft_overlong"]["reward_mean"] < m["clip_higher"]["reward_mean"]
+  # Token-level loss: another aggregation of the same per-token losses.
+  assert m["token_level"]["pg_loss"] != pytest.approx(m["soft_overlong"]["pg_loss"], rel=1e-6)
+  # Dynamic sampling: rounds of gen_batch_size prompts with only mixed groups kept.
+  assert m["token_level"]["gen_rounds"] == 1 and m["token_level"]["accepted_frac"] == 1.0
+  assert m["dapo"]["prompts_sampled"] % 4 == 0 and m["dapo"]["accepted_frac"] < 1.0
+  # Clip-higher (eps_high 0.2 -> 0.28), on a rung whose loss sees tokens.
+  c = ladder.apply_rung(tiny_dict(**FLIP), "token_level")
+  c.algo.eps_high = 0.2
+  low = _one_step(c, tmp_path / "eps020")
+  assert low["clipfrac_upper"] > 0
+  assert low["clipfrac_upper"] >= m["token_level"]["clipfrac_upper"]
+  assert low["pg_loss"] != pytest.approx(m["token_level"]["pg_loss"], rel=1e-6)
