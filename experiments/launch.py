@@ -161,6 +161,8 @@ def main(argv=None):
   ap.add_argument("--repo_dir", default="~/dapo_jax",
                   help="tpu-pod: repo path on the workers (used unquoted, so ~ expands)")
   ap.add_argument("--only", default="", help="comma-separated run names to launch (default all)")
+  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="config override for every run (e.g. checkpoint.export_hf=False); repeat")
   ap.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   args = ap.parse_args(argv)
   if args.parallel < 1:
@@ -170,6 +172,12 @@ def main(argv=None):
 
   workdir = os.path.abspath(args.workdir)
   runs = expand(args.config, args.sweep, workdir)
+  for item in args.set:
+    if "=" not in item:
+      ap.error(f"--set: expected FIELD=VALUE, got {item!r}")
+    key, value = item.split("=", 1)
+    for run in runs:  # a sweep's own value for the field wins
+      run.overrides.setdefault(key, value)
   if args.only:
     wanted = set(args.only.split(","))
     unknown = wanted - {r.name for r in runs}

@@ -42,6 +42,12 @@ def test_dry_runs_print_exact_commands(tmp_path, capsys):
   out = capsys.readouterr().out.strip().splitlines()
   assert len(out) == 2 and all("--config.distributed.enabled=True" in l for l in out)
   assert "--config.distributed.process_id=1" in out[1]
+  assert launch.main(["--config=configs/ladder.py", "--sweep=eps_high", f"--workdir={tmp_path}",
+                      "--dry_run", "--only=eps_high0.40_s0", "--set=algo.eps_high=0.1",
+                      "--set=checkpoint.export_hf=False"]) == 0
+  out = capsys.readouterr().out
+  assert "--config.algo.eps_high=0.4" in out and "--config.checkpoint.export_hf=False" in out
+  assert "eps_high=0.1" not in out
 
 
 def test_bad_arguments(tmp_path):
