@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.join(REPO, "experiments"))
 import launch  # noqa: E402  pylint: disable=wrong-import-position
 
 OVERRIDES = {
-    "train.num_steps": 2, "train.batch_size": 4, "algo.dynamic_sampling": False,
+    "train.num_steps": 2, "train.batch_size": 4, "train.num_minibatches": 2,
+    "algo.dynamic_sampling": False,
     "rollout.group_size": 4, "rollout.num_slots": 16, "eval.num_problems": 4,
     "eval.num_samples": 2, "eval.bootstrap_samples": 10, "log.tensorboard": False,
     "log.progress": False, "checkpoint.export_hf": False,

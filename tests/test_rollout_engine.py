@@ -102,22 +102,29 @@ def test_prefill_insert_generate_is_greedy_with_refills(model, engine):
   assert got["later"] == upto_eos(ref_later)
 
 
+def _cache_sizes(engine):
+  # jax.jit caches are shared by every wrapper of the same function (other engines built by
+  # other tests count too), so the checks below are on growth, not absolute sizes.
+  return (engine._jit_prefill._cache_size(), engine._jit_insert._cache_size(),
+          engine._jit_result_step._cache_size())
+
+
 def test_no_recompilation_on_refill_or_new_params(engine):
   params = engine.load_params()
   state = engine.init_decode_state()
+  before = _cache_sizes(engine)
   for slot in range(SLOTS):
     prefix = engine.prefill(params=params, padded_tokens=_padded([5 + slot] * (slot + 1)),
                             true_length=slot + 1)
     state = engine.insert(prefix, state, slot)
     state, _ = engine.generate(params, state)
-  sizes = (engine._jit_prefill._cache_size(), engine._jit_insert._cache_size(),
-           engine._jit_result_step._cache_size())
+  sizes = _cache_sizes(engine)
+  assert all(s - b <= 1 for s, b in zip(sizes, before)), (before, sizes)  # one compile at most
   new_params = engine.load_params(nnx.state(tiny_model(seed=3), nnx.Param))
   prefix = engine.prefill(params=new_params, padded_tokens=_padded([9]), true_length=1)
   state = engine.insert(prefix, state, 1)
   state, _ = engine.generate(new_params, state)
-  assert (engine._jit_prefill._cache_size(), engine._jit_insert._cache_size(),
-          engine._jit_result_step._cache_size()) == sizes == (1, 1, 1)
+  assert _cache_sizes(engine) == sizes  # new params, a refilled slot: nothing recompiled
   engine.load_params(params)
 
 
