@@ -119,6 +119,22 @@ def compare(a: list[float], b: list[float]) -> tuple[float, float, str]:
   return float(d), float(half), word
 
 
+def compare_paired(a: dict, b: dict) -> tuple[float, float, str]:
+  """Mean of per-seed differences a[s] − b[s] with a 95 % t interval, and its reading.
+
+  Runs with the same seed share the eval problems and the prompt order, so pairing removes
+  most of the between-seed variance. Falls back to `compare` when the seeds do not match.
+  """
+  seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
+  if len(seeds) < 2 or len(seeds) != len(a) or len(seeds) != len(b):
+    return compare(list(a.values()), list(b.values()))
+  d, half, _ = mean_ci([a[s] - b[s] for s in seeds])
+  if half != half:  # nan
+    return d, half, "insufficient"
+  word = "higher" if d - half > 0 else "lower" if d + half < 0 else "overlapping"
+  return d, half, word
+
+
 def verdict(word: str, expected: str) -> str:
   """'reproduced' when the interval excludes 0 in the paper's direction, 'not reproduced' when
   it excludes 0 the other way, 'inconclusive' otherwise (including too few seeds)."""

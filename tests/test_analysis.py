@@ -46,3 +46,12 @@ def test_bad_log_line_names_the_file(tmp_path):
     analysis.load_runs(str(tmp_path))
   with pytest.raises(FileNotFoundError):
     analysis.load_runs(str(tmp_path / "missing"))
+
+
+def test_paired_comparison_uses_seed_pairs():
+  a = {0: 0.50, 1: 0.61, 2: 0.72}
+  b = {0: 0.45, 1: 0.55, 2: 0.68}  # every seed lower by ~0.05: paired sees it, Welch does not
+  d, half, word = analysis.compare_paired(a, b)
+  assert d == pytest.approx(0.05) and word == "higher"
+  assert analysis.compare(list(a.values()), list(b.values()))[2] == "overlapping"
+  assert analysis.compare_paired({0: 1.0, 1: 2.0}, {0: 1.0, 2: 2.0})[2] == "overlapping"
