@@ -2,7 +2,7 @@
 
 COMMAND (every worker of a Cloud TPU v5p-128 pod, 64 chips; the launcher prints it):
   python experiments/launch.py --config=configs/dapo_qwen25_32b.py --backend=tpu-pod \
-      --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=gs-or-nfs/runs/dapo32b --dry_run
+      --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=/nfs/runs/dapo32b --dry_run
   # which runs on each worker:
   python -m dapo_jax.main --config=configs/dapo_qwen25_32b.py:hf_path=/ckpt/Qwen2.5-32B \
       --workdir=/nfs/runs/dapo32b

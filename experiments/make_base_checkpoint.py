@@ -3,9 +3,11 @@
 DAPO starts from a pretrained base; offline there is none, so this script fits a tiny Qwen2 to a
 few hundred batches of reference solutions (configs/tiny_cpu.py's model, task and warm_start
 fields) and exports it as an HF checkpoint. The main job then loads it with
-`model.source = "hf"` and runs only RL. Re-run it to rebuild the base:
+`model.source = "hf"` and runs only RL. The shipped base is snapshot 600 of a 1,000-step run
+(dapo_jax/assets/README.md says why); to rebuild it (~15 min on 2 cores):
 
-  python experiments/make_base_checkpoint.py --steps=150 --out=dapo_jax/assets/tiny_base
+  python experiments/make_base_checkpoint.py --steps=1000 --save_every=100 --out=/tmp/base
+  cp -r /tmp/base/step_600 dapo_jax/assets/tiny_base
 """
 import argparse
 import os
