@@ -57,6 +57,7 @@ def test_mixed_batch_and_every_round_counted():
   accepted = int(np.sum((all_c.sum(1) > 0) & (all_c.sum(1) < 4)))
   assert summary["surplus_discarded"] == accepted - 10
   assert summary["accepted_frac"] == pytest.approx(accepted / all_c.shape[0])
+  assert summary["gen_tokens"] == 3 * all_c.size  # every round's responses, 3 tokens each
 
 
 def test_without_dynamic_sampling_takes_one_round_whole():

@@ -23,7 +23,7 @@ def round_metrics(g: Groups, keep_N) -> dict:
   return {"prompts": len(g), "accepted": int(np.sum(keep_N)),
           "frac_acc_1": float(np.mean(acc_N == 1.0)), "frac_acc_0": float(np.mean(acc_N == 0.0)),
           "accuracy": float(g.correct.mean()), "reward_mean": float(g.reward.mean()),
-          "length_mean": float(g.lengths.mean())}
+          "length_mean": float(g.lengths.mean()), "tokens": int(g.lengths.sum())}
 
 
 def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
@@ -67,4 +67,5 @@ def _summary(rounds, *, accepted_total: int, batch_size: int) -> dict:
           "surplus_discarded": max(accepted_total - batch_size, 0),
           "frac_groups_acc_1": avg("frac_acc_1"), "frac_groups_acc_0": avg("frac_acc_0"),
           "gen_accuracy": avg("accuracy"), "gen_reward_mean": avg("reward_mean"),
-          "gen_length_mean": avg("length_mean")}
+          "gen_length_mean": avg("length_mean"),
+          "gen_tokens": sum(x["tokens"] for x in rounds)}  # every round's, discarded ones too

@@ -191,7 +191,7 @@ def rollout_step(run: Run, step_fn) -> dict:
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
   lengths = batch.lengths.astype(np.float64)
-  tokens_generated = int(batch.lengths.sum())
+  tokens_generated = ds_summary["gen_tokens"]  # all rounds, not only the kept groups
   out = {
       "reward_mean": float(batch.reward.mean()), "score_mean": float(batch.score.mean()),
       "accuracy": float(batch.correct.mean()),
