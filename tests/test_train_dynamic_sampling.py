@@ -70,14 +70,15 @@ def test_without_dynamic_sampling_takes_one_round_whole():
 def test_training_arrays_layout():
   g = _groups([[True, False]], lengths=[[2, 3]])
   g.truncated[0, 1] = True
-  arr = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=True)
+  arr, resp = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=True)
+  np.testing.assert_array_equal(resp[1], [0, 0, 1, 1, 1, 0])  # response, filtered or not
   np.testing.assert_array_equal(arr["tokens"][0], [1, 2, 1, 1, 0, 0])
   np.testing.assert_array_equal(arr["attn_mask"][1], [1, 1, 1, 1, 1, 0])
   np.testing.assert_array_equal(arr["loss_mask"][0], [0, 0, 1, 1, 0, 0])
   np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 0, 0, 0, 0])  # truncated: filtered
   np.testing.assert_allclose(arr["old_logp"][0], [0, 0, -0.5, -0.5, 0, 0])
   np.testing.assert_allclose(arr["adv"], [0.7, -0.7])
-  arr = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=False)
+  arr, _ = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=False)
   np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 1, 1, 1, 0])
   with pytest.raises(ValueError, match="exceed seq_len"):
     training_arrays(g, np.zeros((1, 2)), seq_len=4, overlong_filter=False)

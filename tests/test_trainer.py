@@ -117,9 +117,9 @@ def test_nan_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
   real = trainer.groups_lib.training_arrays
 
   def poisoned(*a, **kw):
-    out = real(*a, **kw)
+    out, resp = real(*a, **kw)
     out["adv"] = np.full_like(out["adv"], np.nan)
-    return out
+    return out, resp
 
   monkeypatch.setattr(trainer.groups_lib, "training_arrays", poisoned)
   cfg = tiny_config(**{"train.num_steps": 5, "train.max_bad_steps": 2})

@@ -60,10 +60,11 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
                 reward=reward.astype(np.float32))
 
 
-def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool) -> dict:
-  """Rows [prompt][response][pad] of length seq_len, one per (n, g), and their masks.
+def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool):
+  """(arrays, response_mask): rows [prompt][response][pad] of length seq_len, one per (n, g).
 
-  loss_mask marks response tokens (zeroed for truncated responses under overlong filtering);
+  response_mask marks response tokens; loss_mask is it zeroed for truncated responses under
+  overlong filtering;
   old_logp holds the sampler's log-probs at the same positions (replaced by the trainer's own
   recomputation when the config says so).
   """
@@ -72,6 +73,7 @@ def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: b
   tokens = np.zeros((B, seq_len), np.int32)
   attn = np.zeros((B, seq_len), np.float32)
   loss_mask = np.zeros((B, seq_len), np.float32)
+  response_mask = np.zeros((B, seq_len), bool)
   old_logp = np.zeros((B, seq_len), np.float32)
   keep = overlong.overlong_mask(groups.truncated) if overlong_filter else np.ones((N, G))
   keep = np.asarray(keep, np.float32)
@@ -86,6 +88,8 @@ def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: b
       tokens[row, P:P + L] = groups.tokens[n, g, :L]
       attn[row, :P + L] = 1.0
       loss_mask[row, P:P + L] = keep[n, g]
+      response_mask[row, P:P + L] = True
       old_logp[row, P:P + L] = groups.behav_logp[n, g, :L]
-  return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp,
+  arrays = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp,
           "adv": np.asarray(adv_NxG, np.float32).reshape(B)}
+  return arrays, response_mask

@@ -160,11 +160,10 @@ def rollout_step(run: Run, step_fn) -> dict:
   adv = advantages.group_advantages(jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std,
                                     eps=a.adv_eps)
   seq_len = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
-  arrays = groups_lib.training_arrays(batch, np.asarray(adv), seq_len=seq_len,
-                                      overlong_filter=a.overlong_filter)
+  arrays, resp_mask = groups_lib.training_arrays(batch, np.asarray(adv), seq_len=seq_len,
+                                                 overlong_filter=a.overlong_filter)
   rows = cfg.minibatch_prompts * G
   t1 = time.perf_counter()
-  resp_mask = _response_mask(batch, seq_len)
   new_logp, entropy = _batched_logprobs(run, run.state.params, arrays, rows, with_entropy=True)
   if a.old_logp_source == "recompute":
     arrays["old_logp"] = new_logp * resp_mask
@@ -213,15 +212,6 @@ def rollout_step(run: Run, step_fn) -> dict:
     vals = [float(m[k]) for m in step_metrics]
     out[k] = max(vals) if k == "ratio_max" else float(np.mean(vals))
   return out
-
-
-def _response_mask(batch: groups_lib.Groups, seq_len: int) -> np.ndarray:
-  N, G = batch.lengths.shape
-  mask = np.zeros((N * G, seq_len), bool)
-  for n, p in enumerate(batch.prompts):
-    for g in range(G):
-      mask[n * G + g, len(p):len(p) + int(batch.lengths[n, g])] = True
-  return mask
 
 
 def run_eval(run: Run, tag: str) -> dict:
