@@ -10,3 +10,11 @@ def get_reward_fn(name: str):
     raise ValueError(f"reward: unknown reward function {name!r}; expected one of "
                      f"{sorted(REWARD_FNS)}")
   return REWARD_FNS[name]
+
+
+def verifier_errors() -> int:
+  """Parser errors caught (each scored −1) by every reward function in this process, so far.
+
+  Cumulative: a trainer logs the difference across a step as the metric `verifier_errors`.
+  """
+  return math_answer.verifier_errors()

@@ -1,131 +1,143 @@
-"""The DAPO integer-answer reward (+1 / −1).
+"""The DAPO answer reward (+1 / −1): one number on the last `Answer:` line, equal to the truth.
 
-The final answer is the text after the last `Answer:` (case-insensitive) up to the end of its
-line, else the content of the last `\\boxed{...}`. Both sides are compared as integers when both
-read as integers (`016`, `1,234`, `540.`, `**34**`, `$42$`, `x = 42`, `42.0` all read as
-integers), otherwise by normalised string equality. Unlike the reference, which reads only the
-last 300 characters and compares raw strings, the whole (capped) response is searched.
+Where the answer is read: after the last `Answer:` (any case, optional spaces, ASCII or fullwidth
+colon), the rest of that line, or the next non-empty line when the rest is empty (the reference's
+`Answer\\s*:\\s*([^\\n]+)` does the same). With no `Answer:` in the response, the content of the
+last `\\boxed{...}` / `\\fbox{...}` (kept from this module's first version; verl's math_dapo reads
+only `Answer:` and has `\\boxed{}` as a separate strict mode). The last MAX_CHARS characters are
+searched (the reference reads the last 300, and marks a far-away answer wrong).
 
-Never raises, and does linear work in at most MAX_CHARS characters per call.
+When the ground truth is a number, the answer must be exactly one number after these decorations
+(table rows, each tested in tests/test_rewards.py under its id; ground truth 42 unless stated):
+
+| id | accepted form | example → read as |
+|---|---|---|
+| plain | the number alone | `Answer: 42` |
+| marker | any case, spaces, fullwidth colon, bold marker | `answer :42`, `Answer：42`, `**Answer:** 42` |
+| next-line | empty rest of line: next non-empty line | `Answer:\\n\\n42` |
+| last-wins | the last `Answer:` counts | `Answer: 41\\nAnswer: 42` |
+| boxed-fallback | no `Answer:`: last `\\boxed{}` | `so \\boxed{41} ... \\boxed{42}` |
+| math | `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]` | `$42$` |
+| command | `\\boxed`, `\\fbox`, `\\text`, `\\textbf`, `\\mathbf`, `\\mathrm`, `\\mbox` | `\\boxed{42}` |
+| emphasis | `**…**`, `*…*`, backticks | `**42**` |
+| trailing | one trailing period or comma per layer | `42.`, `$42$.`, `42,` |
+| parens | parentheses around a number | `(42)` |
+| degrees | `^\\circ`, `^{\\circ}`, `\\degree`, `°` | `42^\\circ` |
+| units | a unit word the reference strips, bare or in `\\text{}` | `42 degrees`, `42 \\text{ ways}` |
+| prefix | one variable and one `=` | `x = 42`, `AB=42`, `x_1 = 42` |
+| thousands | groups of exactly 3 after `,` `{,}` `,\\!` `\\,` | `42,000` = 42000 (truth 42000) |
+| zeros | leading zeros, a zero fraction | `042`, `42.0`, `42.00` |
+| sign | `+`, `-`, U+2212 minus | `−3` = -3 (truth -3) |
+| unicode-digits | any Unicode decimal digit (category Nd) → ASCII | `٤٢`, `４２` |
+| currency | a leading `\\$` | `\\$42` |
+| non-number-truth | truth not a number: equal after decorations, spacing, case | `\\frac{1}{2}` |
+
+Read as wrong (−1): two or more numbers (`x = 3 or x = 42`, `41, y = 42`, `41 42`), an equation
+between numbers (`3 = 42`), digits split by spaces or thin spaces (`4 2`, `4\\,2`, `4,2`), another
+value (`42.5`, `-42`), prose around the number (`the answer is 42`), superscripts (`4²` is not 42),
+an answer over MAX_ANSWER_CHARS characters or nested past MAX_LAYERS decorations, and any
+response containing a NUL byte (rejected, not dropped: `4\\x002` is not 42).
+
+score() never lets a parser error escape: one is counted (verifier_errors()), logged, and read as
+−1. The parser functions themselves (extract_answer, judge, answer_forms.*) have no such guard.
 """
+import logging
 import re
 
-MAX_CHARS = 100_000   # characters; only the tail of longer responses is read
+from dapo_jax.rewards import answer_forms
+
+MAX_CHARS = 100_000  # characters; only the tail of longer responses is read
+MAX_ANSWER_CHARS = answer_forms.MAX_ANSWER_CHARS
+_LOGGED_ERRORS = 5  # tracebacks logged in full; later errors are only counted
 
 _ANSWER_RE = re.compile(r"answer\s*[:：]", re.IGNORECASE)
-_INT_RE = re.compile(r"[+-]?\d+")
-_GROUPED_INT_RE = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
-_WHOLE_FLOAT_RE = re.compile(r"([+-]?\d+)\.0*")
-_WRAPPERS = (r"\boxed{", r"\fbox{", r"\text{", r"\textbf{", r"\mathrm{", r"\mathbf{")
-
-
-def _as_text(text) -> str | None:
-  if isinstance(text, str):
-    return text
-  if isinstance(text, (bytes, bytearray)):
-    return bytes(text[-4 * MAX_CHARS:]).decode("utf-8", errors="replace")
-  return None
-
-
-def _braced(s: str, open_idx: int) -> str | None:
-  """Content of the balanced {...} whose '{' is at open_idx, or None if unbalanced."""
-  depth = 0
-  for i in range(open_idx, len(s)):
-    c = s[i]
-    if c == "{":
-      depth += 1
-    elif c == "}":
-      depth -= 1
-      if depth == 0:
-        return s[open_idx + 1:i]
-  return None
+_REST_RE = re.compile(r"\s*([^\n]*)")  # rest of the line, or the next non-empty line
+_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+_errors = 0
 
 
 def _last_boxed(s: str) -> str | None:
-  start = max(s.rfind(r"\boxed{"), s.rfind(r"\fbox{"))
+  start = max(s.rfind(b) for b in _BOX_OPENERS)
   if start < 0:
     return None
-  return _braced(s, s.index("{", start))
+  open_idx = s.index("{", start)
+  end = answer_forms.braced_end(s, open_idx)
+  return s[open_idx + 1:end].strip() if end is not None else None
 
 
-def extract_answer(text) -> str | None:
-  """The raw final answer string of a response, or None when it states none."""
-  s = _as_text(text)
-  if s is None:
-    return None
-  s = s[-MAX_CHARS:].replace("\x00", "")
+def extract_answer(text: str) -> str | None:
+  """The raw final answer string of a response (see the module docstring), or None."""
+  s = text[-MAX_CHARS:]
   last = None
   for last in _ANSWER_RE.finditer(s):
     pass
   if last is not None:
-    end = s.find("\n", last.end())
-    ans = s[last.end():end if end >= 0 else len(s)].strip()
-    if ans:
-      return ans
-  boxed = _last_boxed(s)
-  if boxed is not None and boxed.strip():
-    return boxed.strip()
-  return None
+    return _REST_RE.match(s, last.end()).group(1).strip() or None
+  return _last_boxed(s) or None
 
 
-def _unwrap(s: str) -> str:
-  """Strips markup around an answer: $, **, \\( \\), \\boxed{}, \\text{}, a trailing period."""
-  for _ in range(8):  # bounded: each pass removes at least one layer or stops
-    before = s
-    s = s.strip().strip("$*`").strip()
-    for left, right in ((r"\(", r"\)"), (r"\[", r"\]")):
-      if s.startswith(left) and s.endswith(right):
-        s = s[len(left):len(s) - len(right)]
-    for w in _WRAPPERS:
-      if s.startswith(w):
-        inner = _braced(s, len(w) - 1)
-        if inner is not None and len(inner) == len(s) - len(w) - 1:
-          s = inner
-    s = s.rstrip(".").replace(r"\,", "").replace(r"\!", "").replace(r"\ ", "").replace("~", "")
-    if s == before:
-      break
-  return s.strip()
+def as_integer(s: str) -> str | None:
+  """Canonical integer string ('-12', '0') if s is exactly one integer after decorations."""
+  n = answer_forms.as_number(s)
+  return n if n is not None and "." not in n else None
 
 
-def as_integer(s) -> str | None:
-  """Canonical integer string ('-12', '0') if s reads as an integer, else None.
+def normalize_string(s: str) -> str:
+  """The comparison key of a non-numeric answer ('' when it has none)."""
+  return answer_forms.normalize_string(s) or ""
 
-  Kept as a string so that huge integers compare exactly without int() conversion limits.
+
+def _truth(ground_truth) -> str:
+  if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int)):
+    raise TypeError(f"math_answer.score: ground_truth must be str or int, got "
+                    f"{type(ground_truth).__name__}")
+  gt = str(ground_truth).strip()
+  if not gt or len(gt) > MAX_ANSWER_CHARS:
+    raise ValueError(f"math_answer.score: ground_truth must be 1..{MAX_ANSWER_CHARS} "
+                     f"characters, got {len(gt)}")
+  return gt
+
+
+def judge(text: str, gt: str) -> tuple[bool, str | None]:
+  """(correct, predicted answer string). No exception handling: tests and the fuzzer call it."""
+  if "\x00" in text:  # a NUL byte is rejected, never dropped ("4\x002" must not read as 42)
+    return False, None
+  pred = extract_answer(text)
+  if pred is None:
+    return False, None
+  gt_num = answer_forms.as_number(gt)
+  if gt_num is not None:
+    return answer_forms.as_number(pred) == gt_num, pred
+  key = answer_forms.normalize_string(gt)
+  return key is not None and key != "" and answer_forms.normalize_string(pred) == key, pred
+
+
+def score(text: str, ground_truth) -> tuple[float, bool, str | None]:
+  """(reward ±1.0, correct, predicted answer) of a response against its ground truth.
+
+  A wrong type (text not str, ground truth not str/int) or an empty ground truth raises: those are
+  the caller's bugs. An exception inside the parser is counted in verifier_errors() and read as −1.
   """
-  s = _unwrap(str(s))
-  candidates = [s]
-  if "=" in s:  # "x = 42"
-    candidates.append(_unwrap(s.rsplit("=", 1)[1]))
-  for c in candidates:
-    c = c.replace(" ", "")
-    if _GROUPED_INT_RE.fullmatch(c):
-      c = c.replace(",", "")
-    m = _WHOLE_FLOAT_RE.fullmatch(c)
-    if m:
-      c = m.group(1)
-    if _INT_RE.fullmatch(c):
-      sign = "-" if c.startswith("-") else ""
-      digits = c.lstrip("+-").lstrip("0") or "0"
-      return "-" + digits if sign and digits != "0" else digits
-  return None
-
-
-def normalize_string(s) -> str:
-  return re.sub(r"\s+", "", _unwrap(str(s))).lower()
-
-
-def score(text, ground_truth) -> tuple[float, bool, str | None]:
-  """(reward ±1.0, correct, predicted answer) of a response against an answer."""
+  if not isinstance(text, str):
+    raise TypeError(f"math_answer.score: text must be str, got {type(text).__name__}")
+  gt = _truth(ground_truth)
   try:
-    pred = extract_answer(text)
-    if pred is None:
-      return -1.0, False, None
-    gt = _unwrap(str(ground_truth)[-MAX_CHARS:])
-    pred_int, gt_int = as_integer(pred), as_integer(gt)
-    if pred_int is not None and gt_int is not None:
-      correct = pred_int == gt_int
-    else:
-      correct = bool(gt) and normalize_string(pred) == normalize_string(gt)
-    return (1.0 if correct else -1.0), correct, pred
-  except Exception:  # pylint: disable=broad-except  # a reward must never crash a rollout
+    correct, pred = judge(text, gt)
+  except Exception:  # pylint: disable=broad-except  # counted and logged, never silent
+    _count_error(text, gt)
     return -1.0, False, None
+  return (1.0 if correct else -1.0), correct, pred
+
+
+def _count_error(text: str, gt: str) -> None:
+  global _errors
+  _errors += 1
+  if _errors <= _LOGGED_ERRORS:
+    logging.getLogger(__name__).exception(
+        "math_answer.score: parser error #%d (response of %d chars, truth %r) read as -1",
+        _errors, len(text), gt[:80])
+
+
+def verifier_errors() -> int:
+  """Parser errors since the process started (each scored −1): log the per-step difference."""
+  return _errors
