@@ -34,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
       num_train=20000,          # prompts in the synthetic training pool
       eval_name="synthetic_heldout",
       tokenizer="synthetic",
+      chat_template=False,      # prompt = one user message in the tokenizer's chat template
       max_prompt_len=96,        # tokens (left-truncated beyond)
       reward="math_answer",
       data_dir="",              # "" = ../shared/data beside the repo

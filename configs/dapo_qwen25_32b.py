@@ -25,6 +25,7 @@ def get_config(arg=None):
   c.task.name = "dapo_math_17k"
   c.task.eval_name = "aime_2024"
   c.task.tokenizer = opts["hf_path"]    # the checkpoint's own tokenizer
+  c.task.chat_template = True           # the reference: one user message in Qwen's ChatML template
   c.task.max_prompt_len = 2048          # tokens, left-truncated
   c.rollout.group_size = 16             # G
   c.rollout.max_new_tokens = 20480      # tokens (L_max)

@@ -39,6 +39,7 @@ class TaskCfg:
   num_train: int              # synthetic task: prompts in the training pool
   eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
   tokenizer: str              # "synthetic" (built in the workdir) | path to an HF tokenizer dir
+  chat_template: bool         # wrap each prompt as one user message in the tokenizer's chat template
   max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)
   reward: str                 # key of dapo_jax.rewards.REWARD_FNS
   data_dir: str               # "" = the shared data dir beside the repo

@@ -6,7 +6,7 @@ import pytest
 
 from dapo_jax.data import readers
 from dapo_jax.data import tokenizer as tok_lib
-from dapo_jax.data.pipeline import PromptIterator
+from dapo_jax.data.pipeline import PromptIterator, encode_prompt, stop_token_ids
 from dapo_jax.data.synthetic import SyntheticTask
 
 
@@ -121,6 +121,39 @@ def test_real_data_and_chat_template(tok):
     assert c == head + p[1:] + tail  # chat path: only what the template writes
 
 
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture()
+def chatml_tok():
+  t = tok_lib.load_tokenizer()
+  t.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+  t.chat_template = CHATML
+  return t
+
+
+def test_chat_template_prompt_and_stop_tokens(chatml_tok, tok):
+  t = chatml_tok
+  start, end = t.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+  ids = encode_prompt(t, "Compute 3+4.", use_chat_template=True)
+  body = t.encode("user\nCompute 3+4.", add_special_tokens=False)
+  tail = t.encode("\n", add_special_tokens=False)
+  asst = t.encode("assistant\n", add_special_tokens=False)
+  # One user message, then the generation prompt; no BOS of the tokenizer's own.
+  assert ids == [start] + body + [end] + tail + [start] + asst
+  assert stop_token_ids(t, use_chat_template=True) == (end, t.eos_token_id)
+  assert stop_token_ids(t, use_chat_template=False) == (t.eos_token_id,)
+  # A template that ends turns with plain text has no end-of-turn token: EOS alone.
+  t.chat_template = "{% for m in messages %}{{ m['content'] + '\\n' }}{% endfor %}"
+  assert stop_token_ids(t, use_chat_template=True) == (t.eos_token_id,)
+  for call in (lambda: encode_prompt(tok, "x", use_chat_template=True),
+               lambda: stop_token_ids(tok, use_chat_template=True)):
+    with pytest.raises(ValueError, match="task.chat_template is on but the tokenizer .* has no"):
+      call()
+
+
 def test_bad_arguments_and_states(examples, tok):
   cases = [({"batch_size": 6, "num_shards": 4}, "batch_size: 6 is not divisible"),
            ({"batch_size": 38}, "batch_size: 38 exceeds the number of examples"),
@@ -128,7 +161,7 @@ def test_bad_arguments_and_states(examples, tok):
            ({"batch_size": 0}, "batch_size: expected an int >= 1"),
            ({"batch_size": 4, "max_prompt_len": 0}, "max_prompt_len:"),
            ({"batch_size": 4, "seed": -1}, "seed:"),
-           ({"batch_size": 4, "use_chat_template": True}, "use_chat_template: the tokenizer")]
+           ({"batch_size": 4, "use_chat_template": True}, "task.chat_template is on but the tokenizer")]
   for kwargs, message in cases:
     with pytest.raises(ValueError, match=message):
       PromptIterator(examples, tok, **kwargs)

@@ -92,8 +92,8 @@ class PromptIterator:
       _check_int("max_prompt_len", max_prompt_len, 1)
     if num_epochs is not None:
       _check_int("num_epochs", num_epochs, 1)
-    if use_chat_template and not getattr(tokenizer, "chat_template", None):
-      raise ValueError("use_chat_template: the tokenizer has no chat_template")
+    if use_chat_template:
+      _require_chat_template(tokenizer)
     self._examples = list(examples)
     self._tok = tokenizer
     self._batch_size, self._seed, self._shuffle = batch_size, seed, shuffle
@@ -174,12 +174,61 @@ class PromptIterator:
 def encode_prompt(tokenizer, prompt: str, *, use_chat_template: bool = False) -> list[int]:
   """Token ids of a prompt exactly as the policy sees it in training, sampling and evaluation
   (the tokenizer's BOS, or the chat template's own special tokens). Every path that feeds the
-  policy a prompt must use this: a warm start without the BOS and RL with it shifts positions."""
+  policy a prompt must use this: a warm start without the BOS and RL with it shifts positions.
+
+  With the chat template the prompt is the single user message, followed by the assistant's
+  generation prompt (what verl does for DAPO-Math-17k)."""
   if use_chat_template:
+    _require_chat_template(tokenizer)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
     return list(tokenizer.encode(text, add_special_tokens=False))
   return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+_MARK = "\u2063dapo-jax-end-of-turn-probe\u2063"  # text no template writes itself
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+  """The special token the chat template writes right after an assistant message (ChatML's
+  `<|im_end|>`, Llama 3's `<|eot_id|>`), or None if it writes no special token there.
+
+  Found by rendering one assistant turn with a marker as its content and reading the first
+  token after the marker, so it follows whatever template the tokenizer carries."""
+  _require_chat_template(tokenizer)
+  text = tokenizer.apply_chat_template(
+      [{"role": "user", "content": "1"}, {"role": "assistant", "content": _MARK}],
+      tokenize=False)
+  if _MARK not in text:
+    raise ValueError("task.chat_template: the tokenizer's chat template does not write the "
+                     "assistant's message; its end-of-turn token cannot be found")
+  after = tokenizer.encode(text.split(_MARK, 1)[1], add_special_tokens=False)
+  special = set(tokenizer.all_special_ids) | {
+      i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+  return int(after[0]) if after and after[0] in special else None
+
+
+def stop_token_ids(tokenizer, *, use_chat_template: bool) -> tuple[int, ...]:
+  """Tokens that end a sampled response: with the chat template its end-of-turn token first
+  (a warm start ends its targets with it), then the tokenizer's EOS."""
+  stops = []
+  if use_chat_template:
+    eot = end_of_turn_id(tokenizer)
+    if eot is not None:
+      stops.append(eot)
+  if tokenizer.eos_token_id is not None and int(tokenizer.eos_token_id) not in stops:
+    stops.append(int(tokenizer.eos_token_id))
+  if not stops:
+    raise ValueError("task.tokenizer: the tokenizer has no EOS token (and no chat-template "
+                     "end-of-turn token), so a response could never end")
+  return tuple(stops)
+
+
+def _require_chat_template(tokenizer) -> None:
+  if not getattr(tokenizer, "chat_template", None):
+    raise ValueError("task.chat_template is on but the tokenizer "
+                     f"({getattr(tokenizer, 'name_or_path', '?')}) has no chat template; "
+                     "turn it off or use a tokenizer with one")
 
 
 def _check_int(name: str, value, lo: int) -> None:

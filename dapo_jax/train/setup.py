@@ -6,7 +6,7 @@ import jax
 
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.data import readers, synthetic
+from dapo_jax.data import pipeline, readers, synthetic
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io
 from dapo_jax.models.config import ModelConfig
@@ -80,7 +80,9 @@ def load_task(cfg: Config) -> Task:
     evals = evals[:cfg.eval.num_problems]
   if tok.eos_token_id is None:
     raise ValueError(f"config.task.tokenizer: {t.tokenizer!r} has no EOS token")
-  return Task(train=train, eval=evals, tokenizer=tok, eos_ids=(int(tok.eos_token_id),))
+  # With the chat template a response ends at the template's end-of-turn token (first) or EOS.
+  eos_ids = pipeline.stop_token_ids(tok, use_chat_template=t.chat_template)
+  return Task(train=train, eval=evals, tokenizer=tok, eos_ids=eos_ids)
 
 
 def model_config(cfg: Config, vocab_size: int) -> ModelConfig:

@@ -17,8 +17,10 @@ from dapo_jax.models.qwen2 import token_logprobs
 from dapo_jax.train import multihost
 
 
-def sequences(examples, tokenizer, *, seq_len: int, eos_id: int):
-  """[prompt][solution][EOS] rows with a loss mask on the solution and EOS tokens."""
+def sequences(examples, tokenizer, *, seq_len: int, eos_id: int,
+              use_chat_template: bool = False):
+  """[prompt][solution][EOS] rows with a loss mask on the solution and EOS tokens. With the chat
+  template, eos_id is its end-of-turn token (Task.eos_ids[0])."""
   B = len(examples)
   tokens = np.zeros((B, seq_len), np.int32)
   attn = np.zeros((B, seq_len), np.float32)
@@ -26,7 +28,7 @@ def sequences(examples, tokenizer, *, seq_len: int, eos_id: int):
   for i, ex in enumerate(examples):
     if ex.solution is None:
       raise ValueError(f"warm start: example {ex.id} has no reference solution")
-    p = encode_prompt(tokenizer, ex.prompt)
+    p = encode_prompt(tokenizer, ex.prompt, use_chat_template=use_chat_template)
     r = tokenizer.encode(ex.solution, add_special_tokens=False) + [eos_id]
     if len(p) + len(r) > seq_len:
       raise ValueError(f"warm start: example {ex.id} needs {len(p) + len(r)} tokens > {seq_len}")
@@ -52,7 +54,7 @@ def _step(params, opt_state, batch, *, graphdef, optimizer):
 
 def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size: int, lr: float,
                seq_len: int, eos_id: int, seed: int, data_sharding=None, log_every: int = 50,
-               callback=None):
+               callback=None, use_chat_template: bool = False):
   """Fits params to `steps` batches of reference solutions; returns (params, logged losses).
 
   callback(step, params), if given, is called at every logging step (e.g. to save snapshots).
@@ -64,7 +66,8 @@ def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size:
   losses = []
   for step in range(steps):
     idx = rng.choice(len(examples), size=batch_size, replace=False)
-    batch = sequences([examples[i] for i in idx], tokenizer, seq_len=seq_len, eos_id=eos_id)
+    batch = sequences([examples[i] for i in idx], tokenizer, seq_len=seq_len, eos_id=eos_id,
+                      use_chat_template=use_chat_template)
     if data_sharding is not None:
       batch = multihost.put_tree(batch, data_sharding)
     params, opt_state, loss = _step(params, opt_state, batch, graphdef=graphdef,
