@@ -15,13 +15,16 @@ MAX_LAYERS = 32  # decorations peeled at most; deeper nesting reads as wrong, in
 _SEP = r"(?:\{,\}|,\\!\s*|\\,|,)"  # longest first, so that re.sub drops all of ",\!"
 _NUMBER_RE = re.compile(r"([+-]?)\s*(\d{1,3}(?:" + _SEP + r"\d{3})+|\d+|)(?:\.(\d+))?")
 _SEP_RE = re.compile(_SEP)
+_BRACE_RE = re.compile(r"[{}]")
 # One variable, then one "=": "x =", "AB=", "x_1 =", "x_{12} =", "\theta =".
 _PREFIX_RE = re.compile(r"(?:[A-Za-z]+(?:_\{?[A-Za-z0-9]+\}?|_?[0-9])?|\\[A-Za-z]+)\s*=")
 # Unit words the reference strips (verl math_dapo REMOVED_EXPRESSIONS), bare or in \text{}.
 _UNIT = (r"(?:(?:square|cubic)\s+)?(?:units?|ways|integers|dollars|cents|mph|inches|hours|"
          r"minutes|seconds|days|feet|meters|cm|km|gm|pounds|points|digits|degrees|students|"
          r"edges|meals|multiples)")
-_UNIT_RE = re.compile(r"(?:\\(?:text|mbox|mathrm)\{\s*" + _UNIT + r"\s*\}|\b" + _UNIT + r")$")
+_UNIT_RE = re.compile(r"(?:\\(?:text|mbox|mathrm)\{\s*" + _UNIT + r"\s*\}|(?<![A-Za-z])" + _UNIT
+                      + r")$")
+_UNIT_TAIL = 80  # characters searched for a unit suffix (longest form ~40): keeps peel linear
 _DEGREE_SUFFIXES = ("^\\circ", "^{\\circ}", "\\degree", "°")
 _WRAPPERS = ("\\boxed{", "\\fbox{", "\\text{", "\\textbf{", "\\mathbf{", "\\mathrm{", "\\mbox{")
 _DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"))
@@ -55,21 +58,33 @@ def ascii_digits(s: str) -> str:
 def braced_end(s: str, open_idx: int, limit: int = MAX_ANSWER_CHARS) -> int | None:
   """Index of the '}' closing the '{' at open_idx, scanning at most `limit` characters."""
   depth = 0
-  for i in range(open_idx, min(len(s), open_idx + limit + 2)):
-    c = s[i]
-    if c == "{":
-      depth += 1
-    elif c == "}":
-      depth -= 1
-      if depth == 0:
-        return i
+  for m in _BRACE_RE.finditer(s, open_idx, open_idx + limit + 2):
+    depth += 1 if m.group() == "{" else -1
+    if depth == 0:
+      return m.start()
   return None
 
 
+def well_nested(s: str) -> bool:
+  """Every '}' closes an earlier '{' and every '{' is closed."""
+  depth = 0
+  for m in _BRACE_RE.finditer(s):
+    depth += 1 if m.group() == "{" else -1
+    if depth < 0:
+      return False
+  return depth == 0
+
+
 def _unwrap_command(s: str) -> str:
-  """Inner text of `\\boxed{...}` (and the other wrappers) when it spans all of s."""
+  """Inner text of `\\boxed{...}` (and the other wrappers) around all of s.
+
+  Not checked for a matching brace, on purpose (it would cost a scan per layer): peeling only
+  removes a '{' at the start with a '}' at the end, so a wrong pairing ("\\boxed{4}{2}" -> "4}{2")
+  always leaves a string that is not well nested, which is never a number and never equal to a
+  well-nested truth (normalize_string rejects it).
+  """
   for w in _WRAPPERS:
-    if s.startswith(w) and s.endswith("}") and braced_end(s, len(w) - 1) == len(s) - 1:
+    if s.startswith(w) and s.endswith("}"):
       return s[len(w):-1]
   return s
 
@@ -81,17 +96,20 @@ def _strip_suffix(s: str) -> str:
   for suffix in _DEGREE_SUFFIXES:
     if s.endswith(suffix):
       return s[:-len(suffix)]
-  m = _UNIT_RE.search(s)
-  return s[:m.start()] if m else s
+  tail = s[-_UNIT_TAIL:]
+  m = _UNIT_RE.search(tail)
+  if m is None or (m.start() == 0 and len(s) > _UNIT_TAIL):  # cut mid-word: not a unit
+    return s
+  return s[:len(s) - len(tail) + m.start()]
 
 
 def _peel_once(s: str, parens: bool) -> str:
-  s = s.strip().strip("$*`").strip()
-  s = s.removeprefix("\\$")
+  s = s.strip().strip("$*`").strip().removeprefix("\\$")
   for left, right in _DELIMITERS + ((("(", ")"),) if parens else ()):
     if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
       s = s[len(left):len(s) - len(right)]
-  return _strip_suffix(_unwrap_command(s.strip())).strip()
+  # Suffixes first: "\\boxed{4} \\text{ ways}" ends in '}' that is not the box's.
+  return _unwrap_command(_strip_suffix(s.strip()).strip())
 
 
 def peel(s: str, *, parens: bool) -> str | None:
@@ -143,7 +161,7 @@ def as_number(s: str) -> str | None:
 
 def normalize_string(s: str) -> str | None:
   """Comparison key of a non-numeric answer: decorations, spacing and case removed."""
-  if len(s) > MAX_ANSWER_CHARS or "\x00" in s:
+  if len(s) > MAX_ANSWER_CHARS or "\x00" in s or not well_nested(s):
     return None
   s = peel(ascii_digits(s), parens=False)
   if s is None:

@@ -23,7 +23,7 @@ When the ground truth is a number, the answer must be exactly one number after t
 | trailing | one trailing period or comma per layer | `42.`, `$42$.`, `42,` |
 | parens | parentheses around a number | `(42)` |
 | degrees | `^\\circ`, `^{\\circ}`, `\\degree`, `°` | `42^\\circ` |
-| units | a unit word the reference strips, bare or in `\\text{}` | `42 degrees`, `42 \\text{ ways}` |
+| units | a unit word the reference strips, bare, glued or in `\\text{}` | `42 ways`, `42cm`, `42 \\text{ ways}` |
 | prefix | one variable and one `=` | `x = 42`, `AB=42`, `x_1 = 42` |
 | thousands | groups of exactly 3 after `,` `{,}` `,\\!` `\\,` | `42,000` = 42000 (truth 42000) |
 | zeros | leading zeros, a zero fraction | `042`, `42.0`, `42.00` |
