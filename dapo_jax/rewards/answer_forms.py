@@ -4,6 +4,7 @@ Pure string functions, no exception handling: a crash here is a bug and surfaces
 the fuzzer (experiments/fuzz_verifier.py). The accepted forms are tabulated in math_answer's
 docstring; every function is linear in its input, which callers cap at MAX_ANSWER_CHARS.
 """
+import functools
 import re
 import unicodedata
 
@@ -28,31 +29,25 @@ _UNIT_TAIL = 80  # characters searched for a unit suffix (longest form ~40): kee
 _DEGREE_SUFFIXES = ("^\\circ", "^{\\circ}", "\\degree", "°")
 _WRAPPERS = ("\\boxed{", "\\fbox{", "\\text{", "\\textbf{", "\\mathbf{", "\\mathrm{", "\\mbox{")
 _DELIMITERS = (("\\(", "\\)"), ("\\[", "\\]"))
+_NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")  # str patterns: \d is any Unicode Nd digit
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-", "\uff0b": "+", "\uff0d": "-"})
 
 
-class _AsciiDigits(dict):
-  """str.translate table: every Unicode decimal digit (category Nd) -> its ASCII digit.
-
-  Only Nd: superscripts ("²") and other numeric symbols are not digits, so "4²" stays "4²".
-  Filled lazily per distinct character, so translate() runs in C after the first sight.
-  """
-
-  def __missing__(self, code: int):
-    ch = chr(code)
-    value = str(unicodedata.decimal(ch)) if unicodedata.category(ch) == "Nd" else ch
-    self[code] = value
-    return value
-
-
-_ASCII_DIGITS = _AsciiDigits()
+@functools.lru_cache(maxsize=None)  # only category-Nd characters reach it: ~700 at most
+def _ascii_digit(ch: str) -> str:
+  return str(unicodedata.decimal(ch))
 
 
 def ascii_digits(s: str) -> str:
-  """s with Unicode decimal digits (Arabic-Indic, fullwidth, ...) and minus signs as ASCII."""
+  """s with Unicode decimal digits (Arabic-Indic, fullwidth, ...) and minus signs as ASCII.
+
+  Only category Nd (what re's \\d matches): superscripts ("²") and other numeric symbols are not
+  digits, so "4²" stays "4²".
+  """
   if s.isascii():
     return s
-  return s.translate(_ASCII_DIGITS).translate(_MINUS_SIGNS)
+  s = _NON_ASCII_DIGIT_RE.sub(lambda m: _ascii_digit(m.group()), s)
+  return s.translate(_MINUS_SIGNS)
 
 
 def braced_end(s: str, open_idx: int, limit: int = MAX_ANSWER_CHARS) -> int | None:
