@@ -4,7 +4,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dapo_jax.rewards import math_answer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -18,20 +17,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def majority_correct(preds: Sequence[str | None], answer: str) -> bool:
-  """maj@k: the most frequent (normalised) answer, ties broken by first appearance, is right."""
-  keys = []
-  for p in preds:
-    if p is None:
-      continue
-    as_int = math_answer.as_integer(p)
-    keys.append(as_int if as_int is not None else math_answer.normalize_string(p))
+def majority_correct(preds_k: Sequence[str | None], correct_k: Sequence[bool]) -> bool:
+  """maj@k: the most frequent extracted answer (ties: first seen) is right.
+
+  preds_k are the verifier's extracted answers (None = none found), so maj@k honours whichever
+  reward function the config names; the winner is right when the verifier judged one of the
+  samples that gave it correct (a verifier's verdict depends only on the extracted answer).
+  """
+  if len(preds_k) != len(correct_k):
+    raise ValueError(f"majority_correct: {len(preds_k)} predictions vs {len(correct_k)} verdicts")
+  keys = [p for p in preds_k if p is not None]
   if not keys:
     return False
   counts = collections.Counter(keys)
   best = max(counts.values())
-  winner = next(k for k in keys if counts[k] == best)
-  return math_answer.score(f"Answer: {winner}", answer)[1]
+  winner = next(p for p in keys if counts[p] == best)
+  return any(bool(c) for p, c in zip(preds_k, correct_k) if p == winner)
 
 
 def bootstrap_ci(per_problem: np.ndarray, *, samples: int, seed: int = 0,
@@ -46,20 +47,20 @@ def bootstrap_ci(per_problem: np.ndarray, *, samples: int, seed: int = 0,
   return float(lo), float(hi)
 
 
-def summarize(correct_PxK: np.ndarray, preds_PxK, answers, *, bootstrap_samples: int,
+def summarize(correct_Pxk: np.ndarray, preds_Pxk, *, bootstrap_samples: int,
               seed: int = 0) -> dict:
   """avg@k, pass@k, maj@k (and 95 % CIs) from a problems × samples correctness matrix."""
-  correct = np.asarray(correct_PxK, bool)
-  P, K = correct.shape
+  correct = np.asarray(correct_Pxk, bool)
+  P, k = correct.shape
   avg = correct.mean(axis=1)
-  pk = np.array([pass_at_k(K, int(c), K) for c in correct.sum(axis=1)])
-  maj = np.array([majority_correct(preds_PxK[p], answers[p]) for p in range(P)], np.float64)
-  out = {"num_problems": P, "k": K}
-  for name, v in ((f"avg@{K}", avg), (f"pass@{K}", pk), (f"maj@{K}", maj)):
+  pk = np.array([pass_at_k(k, int(c), k) for c in correct.sum(axis=1)])
+  maj = np.array([majority_correct(preds_Pxk[p], correct[p]) for p in range(P)], np.float64)
+  out = {"num_problems": P, "k": k}
+  for name, v in ((f"avg@{k}", avg), (f"pass@{k}", pk), (f"maj@{k}", maj)):
     lo, hi = bootstrap_ci(v, samples=bootstrap_samples, seed=seed)
     out[name], out[name + "_ci_lo"], out[name + "_ci_hi"] = float(v.mean()), lo, hi
-  if K >= 2:  # pass@1 from k samples equals avg@k; pass@(k/2) shows the curve's shape
-    out[f"pass@{K // 2}"] = float(np.mean([pass_at_k(K, int(c), K // 2)
+  if k >= 2:  # pass@1 from k samples equals avg@k; pass@(k/2) shows the curve's shape
+    out[f"pass@{k // 2}"] = float(np.mean([pass_at_k(k, int(c), k // 2)
                                            for c in correct.sum(axis=1)]))
   return out
 
@@ -78,7 +79,7 @@ def evaluate(sampler, prompts: Sequence[Sequence[int]], answers: Sequence[str], 
     texts = decode([rollout.tokens[p, j, :rollout.lengths[p, j]].tolist() for j in range(k)])
     for j, t in enumerate(texts):
       _, correct[p, j], preds[p][j] = reward_fn(t, answers[p])
-  out = summarize(correct, preds, answers, bootstrap_samples=bootstrap_samples, seed=seed)
+  out = summarize(correct, preds, bootstrap_samples=bootstrap_samples, seed=seed)
   out["response_length_mean"] = float(np.mean(rollout.lengths))
   out["truncated_frac"] = float(np.mean(rollout.truncated))
   return out

@@ -18,17 +18,30 @@ def test_pass_at_k_unbiased_values():
     eval_lib.pass_at_k(4, 5, 1)
 
 
-def test_majority_vote():
-  assert eval_lib.majority_correct(["12", "012", "7", None], "12")
-  assert not eval_lib.majority_correct(["7", "7", "12"], "12")
-  assert eval_lib.majority_correct(["12", "7"], "12")  # tie: first seen wins
-  assert not eval_lib.majority_correct([None, None], "12")
+def test_majority_vote_uses_the_verifiers_verdicts():
+  # The winner is the most frequent extracted answer; it is right iff the verifier judged a
+  # sample with that answer correct (whatever the reward function is).
+  assert eval_lib.majority_correct(["12", "12", "7", None], [True, True, False, False])
+  assert not eval_lib.majority_correct(["7", "7", "12"], [False, False, True])
+  assert eval_lib.majority_correct(["12", "7"], [True, False])  # tie: first seen wins
+  assert not eval_lib.majority_correct(["7", "12"], [False, True])  # tie: first seen wins
+  assert not eval_lib.majority_correct([None, None], [False, False])
+  with pytest.raises(ValueError, match="2 predictions vs 1"):
+    eval_lib.majority_correct(["1", "2"], [True])
+
+
+def test_majority_vote_honours_a_non_math_reward():
+  # A reward whose extracted answers are words: maj@k must not route them through math_answer.
+  preds = ["cat", "cat", "dog"]
+  assert eval_lib.majority_correct(preds, [True, True, False])
+  s = eval_lib.summarize(np.array([[1, 1, 0]], bool), [preds], bootstrap_samples=0)
+  assert s["maj@3"] == 1.0
 
 
 def test_summarize_and_ci():
   correct = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], bool)
   preds = [["5", "4", "4", "4"], ["1"] * 4, ["9"] * 4]
-  s = eval_lib.summarize(correct, preds, ["5", "1", "3"], bootstrap_samples=500)
+  s = eval_lib.summarize(correct, preds, bootstrap_samples=500)
   assert s["avg@4"] == pytest.approx((0.25 + 1 + 0) / 3)
   assert s["pass@4"] == pytest.approx(2 / 3)
   assert s["maj@4"] == pytest.approx(1 / 3)

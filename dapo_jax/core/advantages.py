@@ -23,9 +23,3 @@ def group_advantages(rewards_NxG, *, scale_by_std: bool = True, eps: float = 1e-
     return centred
   std_Nx1 = jnp.std(r, axis=1, keepdims=True, ddof=1)
   return centred / (std_Nx1 + eps)
-
-
-def broadcast_to_tokens(adv_N, mask_NxT):
-  """Per-sequence advantages as a per-token array (zero on padding)."""
-  check_array(adv_N, "adv_N", ndim=1, kind="float")
-  return adv_N[:, None] * mask_NxT.astype(adv_N.dtype)

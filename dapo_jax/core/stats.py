@@ -7,10 +7,6 @@ from dapo_jax.core._checks import check_array, check_same_shape
 KL_KINDS = ("k1", "k2", "k3")
 
 
-def masked_sum(x, mask):
-  return jnp.sum(x * mask.astype(x.dtype))
-
-
 def masked_mean(x, mask, axis=None):
   """Mean of x over entries where mask is non-zero; 0 (not NaN) where the mask is empty."""
   m = mask.astype(jnp.promote_types(x.dtype, jnp.float32))

@@ -19,9 +19,10 @@ class DynamicSamplingError(RuntimeError):
 
 
 def round_metrics(g: Groups, keep_N) -> dict:
-  acc_N = g.correct.mean(axis=1)
+  shares = filtering.group_accuracy_stats(g.correct)  # Fig. 3b: all-correct / all-wrong groups
   return {"prompts": len(g), "accepted": int(np.sum(keep_N)),
-          "frac_acc_1": float(np.mean(acc_N == 1.0)), "frac_acc_0": float(np.mean(acc_N == 0.0)),
+          "frac_acc_1": float(shares["frac_groups_acc_1"]),
+          "frac_acc_0": float(shares["frac_groups_acc_0"]),
           "accuracy": float(g.correct.mean()), "reward_mean": float(g.reward.mean()),
           "length_mean": float(g.lengths.mean()), "tokens": int(g.lengths.sum())}
 
