@@ -1,4 +1,5 @@
 """Step metrics to a JSONL file, TensorBoard event files and a console line; health warnings."""
+import contextlib
 import json
 import logging
 import math
@@ -100,3 +101,84 @@ class HealthMonitor:
     for w in warnings:
       log.warning(w)
     return warnings
+
+
+class PhaseTimer:
+  """Wall time of named phases: `with timer("update"): ...`, then `timer.metrics()`."""
+
+  def __init__(self):
+    self._t0 = time.perf_counter()
+    self.seconds = {}
+
+  @contextlib.contextmanager
+  def __call__(self, name: str):
+    t = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+
+  def metrics(self) -> dict:
+    out = {f"time_{k}_s": v for k, v in self.seconds.items()}
+    out["time_step_s"] = time.perf_counter() - self._t0
+    return out
+
+
+# Update aux that are per-token fractions or means: combined across mini-batches weighted by each
+# mini-batch's loss-token count (within a mini-batch train_step already weights micro-batches so).
+TOKEN_WEIGHTED = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "approx_kl",
+                  "ratio_mean")
+
+
+def combine_updates(step_metrics: list[dict]) -> dict:
+  """Per-update metrics -> one record per rollout step, weighted as the quantities are."""
+  w_tok = np.array([float(m["num_tokens"]) for m in step_metrics])
+  w_up = np.array([float(m["num_upclipped"]) for m in step_metrics])
+  out = {}
+  for k in step_metrics[0]:
+    v = np.array([float(m[k]) for m in step_metrics])
+    if k in TOKEN_WEIGHTED:
+      out[k] = float(v @ w_tok / max(w_tok.sum(), 1.0))
+    elif k == "upclip_prob_mean":
+      out[k] = float(v @ w_up / max(w_up.sum(), 1.0))
+    elif k in ("num_tokens", "num_upclipped", "skipped"):
+      out[k] = float(v.sum())
+    elif k == "ratio_max":
+      out[k] = float(v.max())
+    elif k == "lr":  # the rate of the step's last update
+      out[k] = float(v[-1])
+    else:
+      out[k] = float(v.mean())
+  out["updates_skipped"] = out.pop("skipped")
+  return out
+
+
+def _masked_mean(x, mask) -> float:
+  mask = np.asarray(mask, np.float64)
+  return float((np.asarray(x, np.float64) * mask).sum() / max(mask.sum(), 1.0))
+
+
+def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dict,
+                    timer: PhaseTimer) -> dict:
+  """The dashboard record of one rollout step (the paper's Figs. 2-7 quantities, host floats).
+
+  batch: the kept Groups; prep: the trainer's Prepared layout; step_metrics: host dicts of the
+  step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds)."""
+  lengths = batch.lengths.astype(np.float64)
+  tokens_generated = sampling_summary["gen_tokens"]  # all rounds, not only the kept groups
+  out = {
+      "reward_mean": float(batch.reward.mean()), "score_mean": float(batch.score.mean()),
+      "accuracy": float(batch.correct.mean()),
+      "response_length_mean": float(lengths.mean()), "response_length_max": float(lengths.max()),
+      "response_length_p90": float(np.percentile(lengths, 90)),
+      "truncated_frac": float(batch.truncated.mean()),
+      "entropy": _masked_mean(prep.entropy_BxS, prep.resp_mask_BxS),
+      "mean_token_prob": _masked_mean(np.exp(prep.logp_BxS), prep.resp_mask_BxS),
+      "adv_abs_mean": float(np.abs(prep.adv_NxG).mean()),
+      "tokens_generated": tokens_generated,
+  }
+  out.update(timer.metrics())
+  out["tokens_per_s"] = tokens_generated / max(timer.seconds.get("rollout", 0.0), 1e-9)
+  out.update(sampling_summary)
+  out.update(combine_updates(step_metrics))
+  return out

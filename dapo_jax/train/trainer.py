@@ -1,17 +1,20 @@
-"""The DAPO loop, top to bottom.
+"""The DAPO loop, top to bottom: `train` runs `rollout_step` until num_steps, then evaluates.
 
-  prompts -> sample_groups (G each) -> verifier reward (+ overlong shaping) -> dynamic sampling
-  -> group advantages -> old log-probs -> num_minibatches updates -> weight sync -> eval -> log
-  -> checkpoint
+  rollout_step = collect -> prepare -> update -> sync
+    collect   prompts -> sample_groups (G each) -> verifier reward + Eq. 13 overlong penalty
+              -> dynamic sampling (keep 0 < #correct < G, over-generate in rounds)
+    prepare   group advantages of the shaped reward -> [prompt][response] rows (overlong
+              filter in the loss mask) -> old (and reference) log-probs
+    update    num_minibatches jitted optimizer updates (token-level (sum, count) loss)
+    sync      trainer params -> the sampler's copy
+  then: health checks -> log -> eval every k steps -> checkpoint
 
 Every DAPO technique is a config switch, so naive GRPO and each Table-1 rung run this same loop.
 """
 import dataclasses
 import functools
 import json
-import logging
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +25,7 @@ from dapo_jax import eval as eval_lib
 from dapo_jax import metrics as metrics_lib
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.core import advantages, stats
+from dapo_jax.core import advantages
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import get_reward_fn
 from dapo_jax.rollout.sampler import make_sampler
@@ -30,9 +33,6 @@ from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.train_step import LossOptions, logprobs, train_step
-
-log = logging.getLogger("dapo_jax")
-
 
 class TooManyBadSteps(RuntimeError):
   """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
@@ -120,20 +120,23 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy"))
-def _logprob_fn(params, tokens, attn, *, graphdef, temperature, with_entropy):
-  return logprobs(graphdef, params, tokens, attn, temperature=temperature,
+def _logprob_fn(params, tokens_BxS, attn_BxS, *, graphdef, temperature, with_entropy):
+  return logprobs(graphdef, params, tokens_BxS, attn_BxS, temperature=temperature,
                   with_entropy=with_entropy)
 
 
-def _batched_logprobs(run: Run, params, arrays, rows: int, *, with_entropy: bool):
-  """Log-probs of all rows, `rows` sequences per device call (the mini-batch size)."""
+def _batched_logprobs(run: Run, params, arrays, *, with_entropy: bool):
+  """Log-probs (and entropies) of all rows, one micro-batch of sequences per device call."""
+  cfg = run.cfg
+  rows = cfg.train.micro_batch_size or cfg.minibatch_prompts * cfg.rollout.group_size
   dsh = sharding.data_sharding(run.mesh)
   outs = []
   for i in range(0, arrays["tokens"].shape[0], rows):
     t = multihost.put(arrays["tokens"][i:i + rows], dsh)
     m = multihost.put(arrays["attn_mask"][i:i + rows], dsh)
-    outs.append(_logprob_fn(params, t, m, graphdef=run.graphdef,
-                            temperature=run.cfg.rollout.temperature, with_entropy=with_entropy))
+    with jax.transfer_guard("disallow"):  # inputs are placed explicitly above
+      outs.append(_logprob_fn(params, t, m, graphdef=run.graphdef,
+                              temperature=cfg.rollout.temperature, with_entropy=with_entropy))
   outs = multihost.to_host(outs)
   logp = np.concatenate([np.asarray(o[0]) for o in outs])
   ent = np.concatenate([np.asarray(o[1]) for o in outs]) if with_entropy else None
@@ -142,76 +145,88 @@ def _batched_logprobs(run: Run, params, arrays, rows: int, *, with_entropy: bool
 
 def _jitted_train_step(run: Run):
   opts = LossOptions.from_config(run.cfg)
+  # Explicit layouts: the state keeps its (fsdp/tensor) sharding, every mini-batch array is
+  # split over the batch axes, metrics come back replicated.
+  state_sh = jax.tree.map(lambda x: x.sharding, run.state)
+  replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
   return jax.jit(functools.partial(train_step, graphdef=run.graphdef, optimizer=run.optimizer,
-                                   opts=opts), donate_argnums=(0,))
+                                   opts=opts),
+                 in_shardings=(state_sh, sharding.data_sharding(run.mesh)),
+                 out_shardings=(state_sh, replicated), donate_argnums=(0,))
 
 
-def rollout_step(run: Run, step_fn) -> dict:
-  """One rollout step: generate, score, filter, update. Returns the step's metrics (host)."""
-  cfg, a = run.cfg, run.cfg.algo
-  G = cfg.rollout.group_size
-  t0 = time.perf_counter()
-  batch, ds_summary, _ = dynamic_sampling.collect(
-      functools.partial(_generate_round, run), batch_size=cfg.train.batch_size,
+@dataclasses.dataclass
+class Prepared:
+  """A kept batch laid out for the update (host arrays, rows n·G + g)."""
+  arrays: dict              # tokens, attn_mask, loss_mask, old_logp, adv[, ref_logp]: [B, S] / [B]
+  resp_mask_BxS: np.ndarray  # response tokens (before overlong filtering)
+  adv_NxG: np.ndarray
+  logp_BxS: np.ndarray      # log-probs under the params that generated the batch
+  entropy_BxS: np.ndarray
+
+
+def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
+  """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
+  a = run.cfg.algo
+  batch, summary, _ = dynamic_sampling.collect(
+      functools.partial(_generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=a.gen_batch_size, max_gen_rounds=a.max_gen_rounds,
       dynamic=a.dynamic_sampling)
-  t_rollout = time.perf_counter() - t0
+  return batch, summary
 
-  adv = advantages.group_advantages(jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std,
-                                    eps=a.adv_eps)
-  seq_len = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
-  arrays, resp_mask = groups_lib.training_arrays(batch, np.asarray(adv), seq_len=seq_len,
+
+def prepare(run: Run, batch: groups_lib.Groups) -> Prepared:
+  """Group advantages of the shaped reward, the row layout, old (and reference) log-probs."""
+  a = run.cfg.algo
+  adv_NxG = np.asarray(advantages.group_advantages(
+      jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std, eps=a.adv_eps))
+  arrays, resp_mask = groups_lib.training_arrays(batch, adv_NxG, seq_len=run.cfg.seq_len,
                                                  overlong_filter=a.overlong_filter)
-  rows = cfg.minibatch_prompts * G
-  t1 = time.perf_counter()
-  new_logp, entropy = _batched_logprobs(run, run.state.params, arrays, rows, with_entropy=True)
+  logp, entropy = _batched_logprobs(run, run.state.params, arrays, with_entropy=True)
   if a.old_logp_source == "recompute":
-    arrays["old_logp"] = new_logp * resp_mask
+    arrays["old_logp"] = logp * resp_mask
   if a.kl_coef > 0:
-    arrays["ref_logp"], _ = _batched_logprobs(run, run.ref_params, arrays, rows,
-                                              with_entropy=False)
-  t_logp = time.perf_counter() - t1
+    arrays["ref_logp"], _ = _batched_logprobs(run, run.ref_params, arrays, with_entropy=False)
+  return Prepared(arrays=arrays, resp_mask_BxS=resp_mask, adv_NxG=adv_NxG, logp_BxS=logp,
+                  entropy_BxS=entropy)
 
-  t2 = time.perf_counter()
+
+def update(run: Run, step_fn, arrays: dict) -> list[dict]:
+  """num_minibatches optimizer updates over consecutive slices of the rows (device metrics)."""
+  cfg = run.cfg
+  rows = cfg.minibatch_prompts * cfg.rollout.group_size
   dsh = sharding.data_sharding(run.mesh)
   step_metrics = []
   for mb in range(cfg.train.num_minibatches):
-    sl = slice(mb * rows, (mb + 1) * rows)
-    minibatch = multihost.put_tree({k: v[sl] for k, v in arrays.items()}, dsh)
-    run.state, m = step_fn(run.state, minibatch)
+    minibatch = multihost.put_tree({k: v[mb * rows:(mb + 1) * rows] for k, v in arrays.items()},
+                                   dsh)
+    with jax.transfer_guard("disallow"):  # every input is placed explicitly above
+      run.state, m = step_fn(run.state, minibatch)
     step_metrics.append(m)
-  step_metrics = multihost.to_host(step_metrics)
-  t_update = time.perf_counter() - t2
+  return step_metrics
 
-  t3 = time.perf_counter()
+
+def sync(run: Run):
+  """Trainer params -> the sampler's copy (resharded to the sampler's layout)."""
   run.sampler.update_params(multihost.sampler_params(run.state.params))
-  t_sync = time.perf_counter() - t3
 
+
+def rollout_step(run: Run, step_fn) -> dict:
+  """One rollout step in the paper's order: collect -> prepare -> update -> sync.
+  Returns the step's metrics (host floats)."""
+  timer = metrics_lib.PhaseTimer()
+  with timer("rollout"):
+    batch, sampling_summary = collect(run)
+  with timer("logprobs"):
+    prep = prepare(run, batch)
+  with timer("update"):
+    step_metrics = update(run, step_fn, prep.arrays)
+  with timer("sync"):
+    sync(run)
+  step_metrics = multihost.to_host(step_metrics)  # pulled after the sync is dispatched
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
-  lengths = batch.lengths.astype(np.float64)
-  tokens_generated = ds_summary["gen_tokens"]  # all rounds, not only the kept groups
-  out = {
-      "reward_mean": float(batch.reward.mean()), "score_mean": float(batch.score.mean()),
-      "accuracy": float(batch.correct.mean()),
-      "response_length_mean": float(lengths.mean()), "response_length_max": float(lengths.max()),
-      "response_length_p90": float(np.percentile(lengths, 90)),
-      "truncated_frac": float(batch.truncated.mean()),
-      "entropy": float(stats.masked_mean(entropy, resp_mask)),
-      "mean_token_prob": float(stats.masked_mean(np.exp(new_logp), resp_mask)),
-      "adv_abs_mean": float(np.abs(np.asarray(adv)).mean()),
-      "lr": float(state_lib.lr_schedule(lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates)(
-          multihost.to_host(run.state.updates))),
-      "updates_skipped": skipped, "tokens_generated": tokens_generated,
-      "time_rollout_s": t_rollout, "time_logprobs_s": t_logp, "time_update_s": t_update,
-      "time_sync_s": t_sync, "time_step_s": time.perf_counter() - t0,
-      "tokens_per_s": tokens_generated / max(t_rollout, 1e-9),
-  }
-  out.update(ds_summary)
-  for k in step_metrics[0]:
-    vals = [float(m[k]) for m in step_metrics]
-    out[k] = max(vals) if k == "ratio_max" else float(np.mean(vals))
-  return out
+  return metrics_lib.rollout_metrics(batch, prep, step_metrics, sampling_summary, timer)
 
 
 def run_eval(run: Run, tag: str) -> dict:
