@@ -164,6 +164,11 @@ class Config:
   distributed: DistributedCfg
 
   @property
+  def seq_len(self) -> int:
+    """Tokens per training row: prompt + generation budget."""
+    return self.task.max_prompt_len + self.rollout.max_new_tokens
+
+  @property
   def minibatch_prompts(self) -> int:
     return self.train.batch_size // self.train.num_minibatches
 
