@@ -13,17 +13,17 @@ When the ground truth is a number, the answer must be exactly one number after t
 | id | accepted form | example → read as |
 |---|---|---|
 | plain | the number alone | `Answer: 42` |
-| marker | any case, spaces, fullwidth colon, bold marker | `answer :42`, `Answer：42`, `**Answer:** 42` |
+| marker | any case, spaces, fullwidth colon, bold | `answer :42`, `Answer：42`, `**Answer:** 42` |
 | next-line | empty rest of line: next non-empty line | `Answer:\\n\\n42` |
 | last-wins | the last `Answer:` counts | `Answer: 41\\nAnswer: 42` |
 | boxed-fallback | no `Answer:`: last `\\boxed{}` | `so \\boxed{41} ... \\boxed{42}` |
 | math | `$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]` | `$42$` |
-| command | `\\boxed`, `\\fbox`, `\\text`, `\\textbf`, `\\mathbf`, `\\mathrm`, `\\mbox` | `\\boxed{42}` |
+| command | `\\boxed \\fbox \\text \\textbf \\mathbf \\mathrm \\mbox` {…} | `\\boxed{42}` |
 | emphasis | `**…**`, `*…*`, backticks | `**42**` |
 | trailing | one trailing period or comma per layer | `42.`, `$42$.`, `42,` |
 | parens | parentheses around a number | `(42)` |
 | degrees | `^\\circ`, `^{\\circ}`, `\\degree`, `°` | `42^\\circ` |
-| units | a unit word the reference strips, bare, glued or in `\\text{}` | `42 ways`, `42cm`, `42 \\text{ ways}` |
+| units | a unit word the reference strips | `42 ways`, `42cm`, `42\\text{ cm}` |
 | prefix | one variable and one `=` | `x = 42`, `AB=42`, `x_1 = 42` |
 | thousands | groups of exactly 3 after `,` `{,}` `,\\!` `\\,` | `42,000` = 42000 (truth 42000) |
 | zeros | leading zeros, a zero fraction | `042`, `42.0`, `42.00` |
