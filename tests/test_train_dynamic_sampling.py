@@ -82,3 +82,22 @@ def test_training_arrays_layout():
   np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 1, 1, 1, 0])
   with pytest.raises(ValueError, match="exceed seq_len"):
     training_arrays(g, np.zeros((1, 2)), seq_len=4, overlong_filter=False)
+
+
+@pytest.mark.parametrize("batch_size,rounds", [(3, 1), (4, 2), (6, 2), (7, 3)])
+def test_generation_stops_at_the_round_that_fills_the_batch(batch_size, rounds):
+  """3 of every 6 groups are mixed: the batch fills after ceil(batch / 3) rounds, no more."""
+  calls = []
+
+  def gen(r, n):
+    calls.append(r)
+    c = np.zeros((n, 4), bool)
+    c[:3, 0] = True  # groups 0-2 mixed, 3-5 all wrong
+    return _groups(c)
+
+  batch, summary, per_round = dynamic_sampling.collect(
+      gen, batch_size=batch_size, gen_batch_size=6, max_gen_rounds=10, dynamic=True)
+  assert calls == list(range(rounds))
+  assert summary["gen_rounds"] == rounds == len(per_round)
+  assert len(batch) == batch_size
+  assert summary["surplus_discarded"] == 3 * rounds - batch_size
