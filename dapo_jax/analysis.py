@@ -135,11 +135,35 @@ def compare_paired(a: dict, b: dict) -> tuple[float, float, str]:
   return d, half, word
 
 
+VERDICTS = ("reproduced", "refuted", "inconclusive")
+
+
 def verdict(word: str, expected: str) -> str:
-  """'reproduced' when the interval excludes 0 in the paper's direction, 'not reproduced' when
-  it excludes 0 the other way, 'inconclusive' otherwise (including too few seeds)."""
+  """'reproduced' when the interval excludes 0 in the paper's direction, 'refuted' when it
+  excludes 0 the other way, 'inconclusive' otherwise (including too few seeds)."""
   if word == expected:
     return "reproduced"
   if word in ("higher", "lower"):
-    return "not reproduced"
-  return "inconclusive at this scale"
+    return "refuted"
+  return "inconclusive"
+
+
+def claim_record(claim: str, metric: str, a: str, b: str, values_a: dict, values_b: dict,
+                 expected: str) -> dict:
+  """One row of verdicts.json: the paired difference a − b over seeds, its 95 % interval and
+  the verdict for a claim that expects a to be `expected` ("higher" | "lower") than b."""
+  d, half, word = compare_paired(values_a, values_b)
+  seeds = sorted(s for s in values_a if s in values_b)
+  return {"claim": claim, "metric": metric, "a": a, "b": b, "diff": d,
+          "ci_low": d - half, "ci_high": d + half, "seeds": len(seeds),
+          "verdict": verdict(word, expected)}
+
+
+def write_verdicts(records: list[dict], path: str):
+  """verdicts.json: the records above as a JSON list (NaN written as null)."""
+  clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in r.items()} for r in records]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(clean, f, indent=1)
+    f.write("\n")

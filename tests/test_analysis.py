@@ -33,8 +33,8 @@ def test_load_group_and_stats(tmp_path):
                                    [r.final_eval("avg@4") for r in g["naive_grpo"]])
   assert d == pytest.approx(0.35) and word == "higher"
   assert analysis.verdict(word, "higher") == "reproduced"
-  assert analysis.verdict(word, "lower") == "not reproduced"
-  assert analysis.verdict("overlapping", "higher") == "inconclusive at this scale"
+  assert analysis.verdict(word, "lower") == "refuted"
+  assert analysis.verdict("overlapping", "higher") == "inconclusive"
   assert analysis.compare([1.0], [0.0])[2] == "insufficient"
 
 
@@ -55,3 +55,24 @@ def test_paired_comparison_uses_seed_pairs():
   assert d == pytest.approx(0.05) and word == "higher"
   assert analysis.compare(list(a.values()), list(b.values()))[2] == "overlapping"
   assert analysis.compare_paired({0: 1.0, 1: 2.0}, {0: 1.0, 2: 2.0})[2] == "overlapping"
+
+
+def test_claim_record_and_verdicts_file(tmp_path):
+  a = {0: 0.50, 1: 0.60, 2: 0.55}
+  b = {0: 0.40, 1: 0.52, 2: 0.44}  # differences 0.10, 0.08, 0.11: mean 0.0967, sd 0.01528
+  rec = analysis.claim_record("c", "avg@8", "x", "y", a, b, "higher")
+  half = 4.303 * 0.0152753 / 3 ** 0.5  # t(0.975, df=2) * sd / sqrt(n), by hand
+  assert rec["diff"] == pytest.approx(0.0966667, abs=1e-6)
+  assert rec["ci_low"] == pytest.approx(0.0966667 - half, abs=1e-5)
+  assert rec["ci_high"] == pytest.approx(0.0966667 + half, abs=1e-5)
+  assert (rec["seeds"], rec["verdict"]) == (3, "reproduced")
+  assert analysis.claim_record("c", "m", "x", "y", a, b, "lower")["verdict"] == "refuted"
+  one = analysis.claim_record("c", "m", "x", "y", {0: 1.0}, {0: 0.0}, "higher")
+  assert one["verdict"] == "inconclusive"
+  path = tmp_path / "v.json"
+  analysis.write_verdicts([rec, one], str(path))
+  rows = json.loads(path.read_text())
+  assert [r["verdict"] for r in rows] == ["reproduced", "inconclusive"]
+  assert rows[1]["ci_low"] is None  # NaN interval with one seed is written as null
+  assert set(rows[0]) == {"claim", "metric", "a", "b", "diff", "ci_low", "ci_high", "seeds",
+                          "verdict"}

@@ -17,6 +17,9 @@ OVERRIDES = {
     "rollout.group_size": 4, "rollout.num_slots": 16, "eval.num_problems": 4,
     "eval.num_samples": 2, "eval.bootstrap_samples": 10, "log.tensorboard": False,
     "log.progress": False, "checkpoint.export_hf": False,
+    # A learning rate at which step 2's rollouts depend on step 1's update (so a host whose
+    # sampler missed the weight sync would diverge).
+    "optim.lr": 3e-2, "optim.warmup_steps": 0,
 }
 VOLATILE = ("time_", "tokens_per_s")
 
