@@ -4,6 +4,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dapo_jax import rewards
+
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -72,13 +74,8 @@ def evaluate(sampler, prompts: Sequence[Sequence[int]], answers: Sequence[str], 
   rollout = sampler.sample_groups([list(p) for p in prompts], group_size=k,
                                   max_new_tokens=max_new_tokens, temperature=temperature,
                                   top_p=top_p, seed=seed, eos_ids=tuple(eos_ids))
-  P = len(prompts)
-  correct = np.zeros((P, k), bool)
-  preds = [[None] * k for _ in range(P)]
-  for p in range(P):
-    texts = decode([rollout.tokens[p, j, :rollout.lengths[p, j]].tolist() for j in range(k)])
-    for j, t in enumerate(texts):
-      _, correct[p, j], preds[p][j] = reward_fn(t, answers[p])
+  _, correct, preds = rewards.score_responses(rollout.tokens, rollout.lengths, answers,
+                                              decode=decode, reward_fn=reward_fn)
   out = summarize(correct, preds, bootstrap_samples=bootstrap_samples, seed=seed)
   out["response_length_mean"] = float(np.mean(rollout.lengths))
   out["truncated_frac"] = float(np.mean(rollout.truncated))

@@ -126,3 +126,26 @@ def test_rollouts_depend_on_the_weights_at_the_test_learning_rate(tmp_path):
   trainer.rollout_step(run, step_fn)
   after = run.sampler.sample_groups(prompts, **kw).tokens
   assert (before != after).any()
+
+
+def test_score_responses_decodes_once_in_group_order_and_keeps_predictions():
+  from dapo_jax import rewards  # pylint: disable=import-outside-toplevel
+  tokens = np.arange(2 * 3 * 4).reshape(2, 3, 4).astype(np.int32)
+  lengths = np.array([[1, 2, 0], [4, 3, 1]], np.int32)
+  calls = []
+
+  def decode(rows):
+    calls.append(rows)
+    return [" ".join(map(str, r)) for r in rows]
+
+  def reward_fn(text, answer):  # right when the response's first token id ends in the answer
+    first = text.split(" ")[0] if text else ""
+    ok = first.endswith(answer)
+    return (1.0 if ok else -1.0), ok, (first or None)
+
+  score, correct, preds = rewards.score_responses(tokens, lengths, ["0", "5"], decode=decode,
+                                                  reward_fn=reward_fn)
+  assert calls == [[[0], [4, 5], [], [12, 13, 14, 15], [16, 17, 18], [20]]]
+  assert preds == [["0", "4", None], ["12", "16", "20"]]
+  np.testing.assert_array_equal(correct, [[True, False, False], [False, False, False]])
+  np.testing.assert_array_equal(score, np.where(correct, 1.0, -1.0))

@@ -4,6 +4,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dapo_jax import rewards
 from dapo_jax.core import overlong
 
 
@@ -41,13 +42,8 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
                   overlong_penalty: bool, max_len: int, cache_len: int,
                   factor: float) -> Groups:
   """Verifier reward (+1/−1) of every response, plus Eq. 13's penalty when enabled."""
-  N, G = rollout.lengths.shape
-  score = np.zeros((N, G), np.float32)
-  correct = np.zeros((N, G), bool)
-  for n in range(N):
-    texts = decode([rollout.tokens[n, g, :rollout.lengths[n, g]].tolist() for g in range(G)])
-    for g, text in enumerate(texts):
-      score[n, g], correct[n, g], _ = reward_fn(text, answers[n])
+  score, correct, _ = rewards.score_responses(rollout.tokens, rollout.lengths, answers,
+                                              decode=decode, reward_fn=reward_fn)
   reward = score.copy()
   if overlong_penalty:
     reward += np.asarray(overlong.soft_overlong_penalty(
