@@ -15,6 +15,43 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                 "original_max_position_embeddings")
 
 
+def _check_supported(d: Mapping[str, Any]) -> str:
+  """The config's model_type, or a ValueError naming the unsupported setting."""
+  model_type = d.get("model_type")
+  if model_type not in ARCHITECTURES:
+    raise ValueError(
+        f"unsupported architecture: config model_type={model_type!r} "
+        f"(architectures={d.get('architectures')!r}); supported: {ARCHITECTURES}")
+  act = d.get("hidden_act", "silu")
+  if act != "silu":
+    raise ValueError(f"unsupported hidden_act={act!r} in config (only 'silu')")
+  if d.get("mlp_bias", False):
+    raise ValueError("unsupported mlp_bias=True in config")
+  if d.get("use_sliding_window", False):
+    raise ValueError("unsupported use_sliding_window=True in config (full attention only)")
+  return model_type
+
+
+def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, dict | None]:
+  """(rope theta, llama3 scaling dict or None) from either transformers layout."""
+  rope = dict(d.get("rope_parameters") or {})
+  if d.get("rope_scaling"):  # transformers 4.x layout
+    rope.update(d["rope_scaling"])
+  theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    raise ValueError("unsupported partial_rotary_factor != 1 in config")
+  if rope_type == "default":
+    return float(theta), None
+  if rope_type != "llama3":
+    raise ValueError(f"unsupported rope_type={rope_type!r} in config "
+                     "(supported: 'default', 'llama3')")
+  scaling = {k: rope[k] for k in _LLAMA3_KEYS if k in rope}
+  scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 32768))
+  scaling["rope_type"] = "llama3"
+  return float(theta), scaling
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Decoder-only transformer hyper-parameters (sizes in elements, not bytes)."""
@@ -94,34 +131,8 @@ class ModelConfig:
   @classmethod
   def from_hf_dict(cls, d: Mapping[str, Any], **overrides) -> "ModelConfig":
     """Builds a config from an HF `config.json` dict (transformers 4.x or 5.x layout)."""
-    model_type = d.get("model_type")
-    if model_type not in ARCHITECTURES:
-      raise ValueError(
-          f"unsupported architecture: config model_type={model_type!r} "
-          f"(architectures={d.get('architectures')!r}); supported: {ARCHITECTURES}")
-    act = d.get("hidden_act", "silu")
-    if act != "silu":
-      raise ValueError(f"unsupported hidden_act={act!r} in config (only 'silu')")
-    if d.get("mlp_bias", False):
-      raise ValueError("unsupported mlp_bias=True in config")
-    if d.get("use_sliding_window", False):
-      raise ValueError("unsupported use_sliding_window=True in config (full attention only)")
-    rope = dict(d.get("rope_parameters") or {})
-    if d.get("rope_scaling"):  # transformers 4.x layout
-      rope.update(d["rope_scaling"])
-    theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-      raise ValueError("unsupported partial_rotary_factor != 1 in config")
-    scaling = None
-    if rope_type == "llama3":
-      scaling = {k: rope[k] for k in _LLAMA3_KEYS if k in rope}
-      scaling.setdefault("original_max_position_embeddings",
-                         d.get("max_position_embeddings", 32768))
-      scaling["rope_type"] = "llama3"
-    elif rope_type != "default":
-      raise ValueError(f"unsupported rope_type={rope_type!r} in config "
-                       "(supported: 'default', 'llama3')")
+    model_type = _check_supported(d)
+    theta, scaling = _rope_from_hf(d)
     heads = d["num_attention_heads"]
     kwargs = dict(
         vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],

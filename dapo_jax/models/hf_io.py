@@ -253,43 +253,25 @@ def _host(x) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.PathLike, *,
-                    tokenizer_dir: str | os.PathLike | None = None,
-                    max_shard_bytes: int = 5 * 2**30, overwrite: bool = False):
-  """Writes an HF-loadable directory: config.json, safetensors (+ index), tokenizer files.
-
-  Tensors are fetched one at a time and written in shards of at most `max_shard_bytes`, so
-  host memory peaks at about one shard. Tokenizer files are copied from `tokenizer_dir`.
-  """
-  cfg = model_config
+def _check_save_args(model: Qwen2, cfg: ModelConfig, tokenizer_dir, max_shard_bytes: int):
   for f in _ARCH_FIELDS:
     if getattr(model.cfg, f) != getattr(cfg, f):
       raise ValueError(f"model_config.{f}={getattr(cfg, f)!r} does not match the model's "
                        f"{getattr(model.cfg, f)!r}")
   if max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
-  hf_config = cfg.to_hf_dict()
-  # The dtype written is the parameters' actual one (what the safetensors hold).
-  actual = jnp.dtype(nnx.state(model)["embed"].get_value().dtype).name
-  hf_config["dtype"] = hf_config["torch_dtype"] = actual
   if tokenizer_dir is not None:
     if not any((Path(tokenizer_dir) / f).is_file()
                for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
       raise ValueError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer "
                        "(tokenizer.json, tokenizer.model or vocab.json)")
     check_tokenizer(tokenizer_dir, cfg)
-  path = Path(path)
-  old = sorted(path.glob("*.safetensors")) + sorted(path.glob(INDEX_FILE))
-  if old and not overwrite:
-    raise ValueError(f"{path} already holds a checkpoint ({old[0].name}); "
-                     "pass overwrite=True to replace it")
-  write = jax.process_index() == 0
-  if write:
-    path.mkdir(parents=True, exist_ok=True)
-    for f in old:
-      f.unlink()
+
+
+def _export_items(model: Qwen2, cfg: ModelConfig) -> list:
+  """(HF tensor name, host-array getter, bytes) per tensor; stacked layers split per layer."""
   flat = dict(nnx.to_flat_state(nnx.state(model)))
-  items = []  # (hf name, array getter, bytes)
+  items = []
   for spec in tensor_specs(cfg):
     arr = flat[spec.path].get_value()
     layers = range(arr.shape[0]) if spec.layered else [None]
@@ -298,6 +280,11 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
       get = (lambda a=arr, s=spec: s.to_hf(_host(a))) if i is None else (
           lambda a=arr, s=spec, i=i: s.to_hf(_host(a[i])))
       items.append((spec.name(i), get, per))
+  return items
+
+
+def _plan_shards(items: list, max_shard_bytes: int) -> list[tuple[str, list]]:
+  """Consecutive items grouped into files of at most max_shard_bytes (HF's shard names)."""
   shards, cur, size = [], [], 0
   for item in items:
     if cur and size + item[2] > max_shard_bytes:
@@ -308,8 +295,38 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   shards.append(cur)
   names = (["model.safetensors"] if len(shards) == 1 else
            [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+  return list(zip(names, shards))
+
+
+def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.PathLike, *,
+                    tokenizer_dir: str | os.PathLike | None = None,
+                    max_shard_bytes: int = 5 * 2**30, overwrite: bool = False):
+  """Writes an HF-loadable directory: config.json, safetensors (+ index), tokenizer files.
+
+  Tensors are fetched one at a time and written in shards of at most `max_shard_bytes`, so
+  host memory peaks at about one shard. Tokenizer files are copied from `tokenizer_dir`.
+  Every process fetches (the arrays may span processes); process 0 writes.
+  """
+  cfg = model_config
+  _check_save_args(model, cfg, tokenizer_dir, max_shard_bytes)
+  hf_config = cfg.to_hf_dict()
+  # The dtype written is the parameters' actual one (what the safetensors hold).
+  actual = jnp.dtype(nnx.state(model)["embed"].get_value().dtype).name
+  hf_config["dtype"] = hf_config["torch_dtype"] = actual
+  path = Path(path)
+  old = sorted(path.glob("*.safetensors")) + sorted(path.glob(INDEX_FILE))
+  if old and not overwrite:
+    raise ValueError(f"{path} already holds a checkpoint ({old[0].name}); "
+                     "pass overwrite=True to replace it")
+  write = jax.process_index() == 0
+  if write:
+    path.mkdir(parents=True, exist_ok=True)
+    for f in old:
+      f.unlink()
+  items = _export_items(model, cfg)
+  shards = _plan_shards(items, max_shard_bytes)
   weight_map = {}
-  for fname, shard in zip(names, shards):
+  for fname, shard in shards:
     tensors = {name: get() for name, get, _ in shard}
     if write:
       save_file(tensors, str(path / fname), metadata={"format": "pt"})
@@ -326,12 +343,3 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
     for f in TOKENIZER_FILES:
       if (Path(tokenizer_dir) / f).is_file():
         shutil.copy2(Path(tokenizer_dir) / f, path / f)
-
-
-def param_bytes(cfg: ModelConfig) -> int:
-  """Bytes of all parameters in cfg.param_dtype."""
-  return cfg.num_params * jnp.dtype(cfg.param_dtype).itemsize
-
-
-__all__ = ["load_pretrained", "save_pretrained", "read_config", "tensor_files",
-           "check_tokenizer", "tokenizer_vocab_size", "param_bytes"]
