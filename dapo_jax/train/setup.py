@@ -73,9 +73,12 @@ def load_task(cfg: Config) -> Task:
     evals = synthetic.SyntheticTask(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
   elif t.eval_name in _EVAL_SETS:
     evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
+  elif t.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
+    from dapo_jax.data import integerize  # pylint: disable=g-import-not-at-top (sympy is slow)
+    evals = integerize.load_examples(data_dir=t.data_dir or None)
   else:
     raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
-                     f"synthetic_heldout or one of {_EVAL_SETS}")
+                     f"synthetic_heldout, math_500_int or one of {_EVAL_SETS}")
   if cfg.eval.num_problems:
     evals = evals[:cfg.eval.num_problems]
   if tok.eos_token_id is None:
