@@ -101,3 +101,30 @@ def test_generation_stops_at_the_round_that_fills_the_batch(batch_size, rounds):
   assert summary["gen_rounds"] == rounds == len(per_round)
   assert len(batch) == batch_size
   assert summary["surplus_discarded"] == 3 * rounds - batch_size
+
+
+def test_generation_cost_accounting_hand_computed():
+  # Round 0: 4 prompts, 1 mixed; round 1: 4 prompts, 3 mixed; batch of 3 kept groups. Responses
+  # are 2 tokens long, but the last (uniform, discarded) group's are 3.
+  def gen(r, n):
+    c = np.zeros((n, 2), bool)
+    c[:1 if r == 0 else 3, 0] = True
+    lengths = np.full((n, 2), 2)
+    lengths[-1] = 3
+    return _groups(c, lengths=lengths)
+
+  _, s, _ = dynamic_sampling.collect(gen, batch_size=3, gen_batch_size=4, max_gen_rounds=5,
+                                     dynamic=True)
+  gen_tokens = 2 * (3 * 2 * 2 + 2 * 3)
+  assert s["gen_rounds"] == 2 and s["gen_tokens"] == gen_tokens == 36
+  assert s["gen_tokens_per_kept_group"] == pytest.approx(36 / 3)
+  assert s["gen_groups_discarded_frac"] == pytest.approx(1 - 3 / 8)
+  assert s["gen_tokens_discarded_frac"] == pytest.approx(1 - 3 * 4 / 36)
+
+
+def test_generation_cost_without_dynamic_sampling_counts_only_mixed_groups():
+  c = np.array([[True, False], [True, True], [False, False], [False, True]])
+  _, s, _ = dynamic_sampling.collect(lambda r, n: _groups(c), batch_size=4, gen_batch_size=9,
+                                     max_gen_rounds=1, dynamic=False)
+  assert s["gen_tokens_per_kept_group"] == pytest.approx(8 * 3 / 2)  # 2 mixed of 4
+  assert s["gen_groups_discarded_frac"] == 0.0 and s["gen_tokens_discarded_frac"] == 0.0

@@ -5,6 +5,13 @@ verifier's correctness, never the shaped reward) are kept. Rounds repeat until `
 are held; the batch is cut to exactly that and the surplus is discarded (as the reference does;
 it is counted). After `max_gen_rounds` rounds without a full batch the step fails with the
 acceptance statistics. Every round's metrics are kept.
+
+Generation cost (the paper's "does not impede efficiency" claim, measured): `gen_tokens` counts
+every round's responses; `gen_tokens_per_kept_group` divides it by the groups that carry signal
+into the update (the batch's mixed groups: all of it with dynamic sampling, only its mixed
+groups without, since uniform groups get zero advantage; none counts as one); `gen_groups_discarded_frac` is the
+share of generated groups that never reach the update and `gen_tokens_discarded_frac` the share
+of generated tokens they hold; `gen_rounds` is the rounds this step took.
 """
 from typing import Callable
 
@@ -36,8 +43,10 @@ def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batc
   """
   if not dynamic:
     g = generate(0, batch_size)
-    rounds = [round_metrics(g, np.asarray(filtering.mixed_groups(g.correct)))]
-    return g, _summary(rounds, accepted_total=len(g), batch_size=batch_size), rounds
+    keep = np.asarray(filtering.mixed_groups(g.correct))
+    rounds = [round_metrics(g, keep)]
+    summary = _summary(rounds, accepted_total=len(g), batch=g, kept_groups=int(keep.sum()))
+    return g, summary, rounds
   held, rounds, n_held = [], [], 0
   for r in range(max_gen_rounds):
     g = generate(r, gen_batch_size)
@@ -48,7 +57,8 @@ def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batc
       n_held += int(keep.sum())
     if n_held >= batch_size:
       batch = Groups.concat(held).select(np.arange(batch_size))
-      return batch, _summary(rounds, accepted_total=n_held, batch_size=batch_size), rounds
+      summary = _summary(rounds, accepted_total=n_held, batch=batch, kept_groups=batch_size)
+      return batch, summary, rounds
   sampled = sum(x["prompts"] for x in rounds)
   raise DynamicSamplingError(
       f"dynamic sampling: {n_held} mixed groups after {max_gen_rounds} rounds of "
@@ -59,8 +69,10 @@ def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batc
       f"algo.gen_batch_size, or use an easier/harder task.")
 
 
-def _summary(rounds, *, accepted_total: int, batch_size: int) -> dict:
-  sampled = sum(x["prompts"] for x in rounds)
+def _summary(rounds, *, accepted_total: int, batch: Groups, kept_groups: int) -> dict:
+  """Per-step metrics over all rounds; `kept_groups`: the batch's groups with signal."""
+  sampled, batch_size = sum(x["prompts"] for x in rounds), len(batch)
+  gen_tokens = sum(x["tokens"] for x in rounds)  # every round's, discarded ones too
   w = np.array([x["prompts"] for x in rounds], np.float64)
   avg = lambda k: float(np.dot(w, [x[k] for x in rounds]) / w.sum())
   return {"gen_rounds": len(rounds), "prompts_sampled": sampled,
@@ -68,5 +80,7 @@ def _summary(rounds, *, accepted_total: int, batch_size: int) -> dict:
           "surplus_discarded": max(accepted_total - batch_size, 0),
           "frac_groups_acc_1": avg("frac_acc_1"), "frac_groups_acc_0": avg("frac_acc_0"),
           "gen_accuracy": avg("accuracy"), "gen_reward_mean": avg("reward_mean"),
-          "gen_length_mean": avg("length_mean"),
-          "gen_tokens": sum(x["tokens"] for x in rounds)}  # every round's, discarded ones too
+          "gen_length_mean": avg("length_mean"), "gen_tokens": gen_tokens,
+          "gen_tokens_per_kept_group": gen_tokens / max(kept_groups, 1),
+          "gen_groups_discarded_frac": 1.0 - batch_size / max(sampled, 1),
+          "gen_tokens_discarded_frac": 1.0 - int(batch.lengths.sum()) / max(gen_tokens, 1)}
