@@ -34,7 +34,7 @@ class ModelCfg:
 
 @dataclasses.dataclass(frozen=True)
 class TaskCfg:
-  name: str                   # "synthetic" | "dapo_math_17k"
+  name: str                   # "synthetic" | "arith_nl" | "dapo_math_17k"
   difficulty: int             # synthetic task: number of operands
   num_train: int              # synthetic task: prompts in the training pool
   eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
@@ -254,7 +254,7 @@ def validate(c: Config):
     _require(getattr(m, f) in ("float32", "bfloat16"), f"model.{f}",
              f"must be float32 or bfloat16, got {getattr(m, f)!r}")
   _require(m.logits_chunk > 0, "model.logits_chunk", "must be > 0")
-  _require(c.task.name in ("synthetic", "dapo_math_17k"), "task.name",
+  _require(c.task.name in ("synthetic", "arith_nl", "dapo_math_17k"), "task.name",
            f"unknown task {c.task.name!r}")
   _require(c.task.max_prompt_len > 0, "task.max_prompt_len", "must be > 0")
   _require(c.task.difficulty >= 1, "task.difficulty", "must be >= 1")

@@ -6,12 +6,15 @@ import jax
 
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.data import pipeline, readers, synthetic
+from dapo_jax.data import arith_nl, pipeline, readers, synthetic
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io
 from dapo_jax.models.config import ModelConfig
 
 _EVAL_SETS = ("aime_2024", "aime_2025", "amc_2023", "math_500")
+# Tasks generated here (train + held-out split); eval_name "<name>_heldout" is their held-out set.
+_GENERATED_TASKS = {"synthetic": synthetic.SyntheticTask, "arith_nl": arith_nl.ArithNLTask}
+_HELDOUT_SETS = tuple(f"{name}_heldout" for name in _GENERATED_TASKS)
 
 
 def build_mesh(cfg: Config, devices=None):
@@ -60,17 +63,18 @@ class Task:
 def load_task(cfg: Config) -> Task:
   t = cfg.task
   tok = tokenizer_lib.load_tokenizer(None if t.tokenizer == "synthetic" else t.tokenizer)
-  if t.name == "synthetic":
-    task = synthetic.SyntheticTask(difficulty=t.difficulty, seed=cfg.seed)
-    train = task.examples("train", t.num_train)
+  generated = _GENERATED_TASKS.get(t.name)
+  if generated is not None:
+    train = generated(difficulty=t.difficulty, seed=cfg.seed).examples("train", t.num_train)
   else:
     train, report = readers.load_examples(t.name, data_dir=t.data_dir or None)
     print(f"[data] {t.name}: {report.summary()}")
-  if t.eval_name == "synthetic_heldout":
-    if t.name != "synthetic":
-      raise ValueError("config.task.eval_name: synthetic_heldout needs task.name='synthetic'")
+  if t.eval_name in _HELDOUT_SETS:
+    if t.eval_name != f"{t.name}_heldout":
+      raise ValueError(f"config.task.eval_name: {t.eval_name} needs task.name="
+                       f"{t.eval_name.removesuffix('_heldout')!r}, got {t.name!r}")
     n = cfg.eval.num_problems or 256
-    evals = synthetic.SyntheticTask(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
+    evals = generated(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
   elif t.eval_name in _EVAL_SETS:
     evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
   elif t.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
@@ -78,7 +82,7 @@ def load_task(cfg: Config) -> Task:
     evals = integerize.load_examples(data_dir=t.data_dir or None)
   else:
     raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
-                     f"synthetic_heldout, math_500_int or one of {_EVAL_SETS}")
+                     f"one of {_HELDOUT_SETS}, math_500_int or {_EVAL_SETS}")
   if cfg.eval.num_problems:
     evals = evals[:cfg.eval.num_problems]
   if tok.eos_token_id is None:
