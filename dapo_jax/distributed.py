@@ -1,4 +1,8 @@
-"""Multi-host start-up: jax.distributed from the config or the environment."""
+"""Multi-host start-up (jax.distributed from the config or the environment) and fatal faults."""
+import os
+import sys
+import traceback
+
 import jax
 
 
@@ -21,3 +25,40 @@ def initialize(dcfg) -> None:
   if dcfg.process_id >= 0:
     kwargs["process_id"] = dcfg.process_id
   jax.distributed.initialize(**kwargs)
+
+
+def lost_processes() -> list[int] | None:
+  """Processes the coordination service no longer sees (None: the coordinator itself is gone)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+  client = jax_distributed.global_state.client
+  everyone = list(range(jax.process_count()))
+  try:
+    live = client.get_live_nodes(everyone)
+  except Exception:  # pylint: disable=broad-except  # any failure here: no coordinator answers
+    return None
+  return [p for p in everyone if p not in live]
+
+
+def exit_on_fault(e: BaseException) -> None:
+  """Ends the process with `e` explained on the last line, for the faults a user must act on: a
+  failed checkpoint save or restore, and any error of a multi-process run (a dead peer shows up
+  as a failed collective). Returns for other errors.
+
+  os._exit, after flushing: at a normal exit orbax's threads print tracebacks after ours, and
+  jax.distributed's shutdown barrier waits for the dead peer (then aborts)."""
+  from dapo_jax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
+  if isinstance(e, CheckpointError):
+    line = f"error: {e}"
+  elif jax.process_count() > 1:
+    lost = lost_processes()
+    who = ("the coordinator (process 0) is unreachable" if lost is None else
+           f"lost process(es) {lost}" if lost else "no process reported lost yet")
+    cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    line = (f"error: process {jax.process_index()} of {jax.process_count()} stopped: {who} "
+            f"({type(e).__name__}: {cause}). Restart every process with --resume")
+  else:
+    return
+  traceback.print_exception(e)
+  sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
+  os._exit(1)

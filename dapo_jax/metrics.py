@@ -17,22 +17,52 @@ def to_float(v):
 
 
 class MetricWriter:
-  """Writes one record per rollout step. Only process 0 writes (multi-host safe)."""
+  """Writes one record per rollout step. Only process 0 writes (multi-host safe).
+
+  `keep_records` repairs the log to a checkpoint: the first `keep_records` records of an
+  existing metrics.jsonl stay, later ones (written after that checkpoint, before a kill) are
+  dropped and counted in a log line, and TensorBoard hides events after the last kept step
+  (its purge_step). 0 starts both logs afresh. `records` counts the records in the file.
+  """
 
   def __init__(self, workdir: str, *, tensorboard: bool, progress: bool, total_steps: int,
-               is_main: bool = True, filename: str = "metrics.jsonl"):
+               keep_records: int, is_main: bool = True, filename: str = "metrics.jsonl"):
     self.is_main = is_main
     self.progress = progress and is_main
     self.total_steps = total_steps
     self.path = os.path.join(workdir, filename)
+    self.records = keep_records
     self._tb = None
     if is_main:
       os.makedirs(workdir, exist_ok=True)
+      last_step = self._truncate(keep_records)
       self._f = open(self.path, "a", encoding="utf-8")
       if tensorboard:
         import tensorboardX  # pylint: disable=import-outside-toplevel
-        self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = tensorboardX.SummaryWriter(
+            os.path.join(workdir, "tensorboard"),
+            purge_step=0 if last_step is None else last_step + 1)
     self._t0 = time.time()
+
+  def _truncate(self, keep: int) -> int | None:
+    """Keeps the first `keep` records of the file (atomically); returns the last kept step."""
+    lines = []
+    if os.path.exists(self.path):
+      with open(self.path, encoding="utf-8") as f:
+        lines = [ln for ln in f.read().split("\n") if ln.strip()]
+    if len(lines) < keep:  # the log was cut or replaced: resume anyway, and say so
+      log.warning("%s: %d records, but the restored checkpoint was saved after record %d; "
+                  "the earlier records are missing", self.path, len(lines), keep)
+      self.records = len(lines)
+    kept = lines[:keep]
+    tmp = self.path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write("".join(ln + "\n" for ln in kept))
+    os.replace(tmp, self.path)
+    if len(lines) > keep:
+      print(f"[metrics] {self.path}: kept {keep} records, dropped {len(lines) - keep} written "
+            f"after the restored checkpoint", flush=True)
+    return json.loads(kept[-1])["step"] if kept else None
 
   def write(self, step: int, metrics: dict, *, kind: str = "train"):
     if not self.is_main:
@@ -48,6 +78,7 @@ class MetricWriter:
         rec[k] = f if math.isfinite(f) else str(f)
     self._f.write(json.dumps(rec, sort_keys=True) + "\n")
     self._f.flush()
+    self.records += 1
     if self._tb is not None:
       for k, v in rec.items():
         if isinstance(v, float):

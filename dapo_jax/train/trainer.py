@@ -30,6 +30,7 @@ from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import get_reward_fn
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
+from dapo_jax.train import recovery
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.train_step import LossOptions, logprobs, train_step
@@ -248,46 +249,52 @@ def _meta(run: Run) -> dict:
 
 
 def train(run: Run, *, resume: bool) -> dict:
-  """The loop. Returns {"before": eval, "after": eval, "steps": n}."""
+  """The loop. Returns {"before": eval, "after": eval, "steps": n}. After a SIGTERM it stops at
+  the next step boundary, saves, and returns {"before": eval, "steps": n, "preempted": True}."""
   cfg = run.cfg
-  is_main = jax.process_index() == 0
   ckpt = ckpt_lib.Checkpointer(os.path.join(run.workdir, "checkpoints"), keep=cfg.checkpoint.keep,
                                async_save=cfg.checkpoint.async_save)
-  if resume and ckpt.latest_step() is not None:
-    run.state, meta = ckpt.restore(ckpt.latest_step(), run.state)
-    run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
-    run.data.restore(meta["data"])
-    run.sampler.update_params(multihost.sampler_params(run.state.params))
-    print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
+  results, keep = recovery.start(run, ckpt, resume=resume)
   writer = metrics_lib.MetricWriter(run.workdir, tensorboard=cfg.log.tensorboard,
                                     progress=cfg.log.progress, total_steps=cfg.train.num_steps,
-                                    is_main=is_main)
+                                    keep_records=keep, is_main=jax.process_index() == 0)
   health = metrics_lib.HealthMonitor(entropy_floor=cfg.train.entropy_floor,
                                      entropy_ceiling=cfg.train.entropy_ceiling,
                                      length_growth=cfg.train.length_growth_warn)
   health.first_length = run.first_length
-  results = {}
-  if run.step == 0:
+  if "before" not in results:
     results["before"] = run_eval(run, "before")
     writer.write(0, results["before"], kind="eval")
   step_fn = _jitted_train_step(run)
-  while run.step < cfg.train.num_steps:
-    m = rollout_step(run, step_fn)
-    run.step += 1
-    m["warnings"] = health.check(run.step, m)
-    run.first_length = health.first_length
-    writer.write(run.step, m)
-    if run.bad_steps >= cfg.train.max_bad_steps:
-      raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
-                            f"gradients (every update skipped); stopping at step {run.step}")
-    if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
-        and run.step < cfg.train.num_steps:
-      writer.write(run.step, run_eval(run, f"step{run.step}"), kind="eval")
-    if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
-      ckpt.save(run.step, run.state, _meta(run))
+  # The metadata carries the results so far and the log position, so a resume keeps "before"
+  # and cuts metrics.jsonl back to this checkpoint.
+  save = lambda: ckpt.save(run.step, run.state, _meta(run) | {  # noqa: E731
+      "results": dict(results), "metrics_records": writer.records})
+  notice = recovery.Notice()
+  try:
+    while run.step < cfg.train.num_steps and not notice.stop_now():
+      ckpt.poll()  # a failed background save stops the run here, not at the next save
+      m = rollout_step(run, step_fn)
+      run.step += 1
+      m["warnings"] = health.check(run.step, m)
+      run.first_length = health.first_length
+      writer.write(run.step, m)
+      if run.bad_steps >= cfg.train.max_bad_steps:
+        raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
+                              f"gradients (every update skipped); stopping at step {run.step}")
+      if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
+          and run.step < cfg.train.num_steps:
+        writer.write(run.step, run_eval(run, f"step{run.step}"), kind="eval")
+      if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
+        save()
+  finally:
+    notice.close()
   if ckpt.latest_step() != run.step:
-    ckpt.save(run.step, run.state, _meta(run))
+    save()
   ckpt.close()
+  if run.step < cfg.train.num_steps:  # stopped by SIGTERM, with this step saved
+    writer.close()
+    return results | {"steps": run.step, "preempted": True}
   results["after"] = run_eval(run, "after")
   writer.write(run.step, results["after"], kind="eval")
   writer.close()

@@ -1,0 +1,75 @@
+"""Recovery of a run: restore from the newest intact checkpoint, and stop cleanly on SIGTERM.
+
+SIGTERM is a preemption notice: finish the current rollout step, save a checkpoint, exit 0. The
+handler only sets a flag; the loop reads it at each step boundary, where the state is
+consistent. The time from SIGTERM to exit is therefore at most one rollout step plus one save. A
+second SIGTERM ends the process at once (default action, exit status 143), for when that is too
+long.
+"""
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from dapo_jax.train import multihost
+
+
+def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
+  """Restores `run` (a trainer.Run) from the newest intact checkpoint of `ckpt` (with resume).
+
+  Returns the results so far (the "before" eval) and the number of metrics.jsonl records
+  written when that checkpoint was saved; ({}, 0) for a run that starts at step 0."""
+  if not resume:
+    if ckpt.steps():  # never write into an earlier run's checkpoints and logs
+      raise ValueError(f"{ckpt.directory} holds checkpoints (steps {ckpt.steps()}) of an "
+                       f"earlier run: pass --resume to continue it, or use a new --workdir")
+    return {}, 0
+  got = ckpt.restore_latest(run.state)
+  if got is None:
+    print(f"[resume] no checkpoint in {ckpt.directory}: starting at step 0", flush=True)
+    return {}, 0
+  _, run.state, meta = got
+  run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
+  run.data.restore(meta["data"])
+  run.sampler.update_params(multihost.sampler_params(run.state.params))
+  print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
+  return meta["results"], meta["metrics_records"]
+
+
+class Notice:
+  """Installs the SIGTERM handler for the lifetime of the training loop (`close` removes it)."""
+
+  def __init__(self):
+    self.received = False
+    self._previous = None
+    # Python only lets the main thread set handlers; a loop run from another thread (a notebook
+    # worker) keeps the default action.
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.received:  # the second notice: stop now
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
+    self.received = True
+    # os.write, not print: a handler may interrupt a print in progress.
+    os.write(2, b"[preempt] SIGTERM: saving a checkpoint at the end of this step, then exiting "
+                b"(a second SIGTERM exits at once)\n")
+
+  def stop_now(self) -> bool:
+    """Whether any process got SIGTERM. A collective with several processes: every process
+    calls it at the same step boundary, so all of them save and stop together."""
+    if jax.process_count() == 1:
+      return self.received
+    flags = multihost_utils.process_allgather(np.int32(self.received))
+    return bool(np.any(flags))
+
+  def close(self):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None

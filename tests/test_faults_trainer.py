@@ -1,0 +1,116 @@
+"""Faults in a tiny training run: a kill at the metrics/checkpoint seam, SIGTERM, and resuming a
+finished run. Each resumed run must end bitwise equal to the uninterrupted one."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from dapo_jax.train import checkpoint as ckpt_lib
+from dapo_jax.train import trainer
+from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 2
+VOLATILE = ("time_", "tokens_per_s")
+
+
+class _Killed(Exception):
+  """Stands in for SIGKILL inside the process (the test goes on afterwards)."""
+
+
+def _cfg():
+  return tiny_config(**{"train.num_steps": STEPS, "checkpoint.every_steps": 1})
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
+            for line in f]
+
+
+def _train(workdir, resume=False):
+  run = trainer.build(_cfg(), str(workdir), resume=resume)
+  return run, trainer.train(run, resume=resume)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("reference")
+  from tests import test_trainer  # pylint: disable=import-outside-toplevel
+  from dapo_jax import rewards  # pylint: disable=import-outside-toplevel
+  with pytest.MonkeyPatch.context() as mp:  # module scope: before the autouse fixture
+    mp.setitem(rewards.REWARD_FNS, "hash", test_trainer._hash_reward)  # pylint: disable=protected-access
+    run, results = _train(wd)
+  return run, results, _records(wd)
+
+
+def _assert_same_as(reference, run, results, workdir):
+  ref_run, ref_results, ref_records = reference
+  assert _records(workdir) == ref_records  # one record per step, equal values
+  assert results["before"] == ref_results["before"] and results["after"] == ref_results["after"]
+  for a, b in zip(jax.tree.leaves(ref_run.state), jax.tree.leaves(run.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert run.data.state() == ref_run.data.state()
+
+
+def test_kill_between_metrics_line_and_checkpoint(tmp_path, monkeypatch, reference, capsys):
+  save = ckpt_lib.Checkpointer.save
+
+  def save_or_die(self, step, state, meta):
+    if step == 2:  # step 2's metrics line is written; its checkpoint never will be
+      raise _Killed()
+    return save(self, step, state, meta)
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save_or_die)
+  with pytest.raises(_Killed):
+    _train(tmp_path)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", save)
+  run, results = _train(tmp_path, resume=True)
+  assert "kept 2 records, dropped 1 written after the restored checkpoint" in \
+      capsys.readouterr().out
+  _assert_same_as(reference, run, results, tmp_path)
+
+
+def test_sigterm_saves_at_the_step_boundary_then_resume_finishes(tmp_path, monkeypatch,
+                                                                 reference):
+  step_fn = trainer.rollout_step
+
+  def step_then_sigterm(run, *args, **kwargs):
+    out = step_fn(run, *args, **kwargs)
+    if run.step == 0:  # during step 1
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  monkeypatch.setattr(trainer, "rollout_step", step_then_sigterm)
+  run, results = _train(tmp_path)
+  assert results["preempted"] and results["steps"] == 1 and "after" not in results
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+  assert ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), keep=2,
+                               async_save=False).steps() == [1]
+  monkeypatch.setattr(trainer, "rollout_step", step_fn)
+  run, results = _train(tmp_path, resume=True)
+  _assert_same_as(reference, run, results, tmp_path)
+
+
+def test_resume_of_a_finished_run_does_nothing(tmp_path):
+  with open(tmp_path / "results.json", "w", encoding="utf-8") as f:
+    json.dump({"steps": 80, "after": {}}, f)
+  out = subprocess.run(
+      [sys.executable, "-m", "dapo_jax.main", "--config=configs/tiny_cpu.py",
+       f"--workdir={tmp_path}", "--resume"], cwd=REPO, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "already finished its 80 steps (results.json): nothing to do" in out.stdout
+  assert sorted(os.listdir(tmp_path)) == ["results.json"]
+
+
+def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path, reference):
+  del reference
+  os.makedirs(tmp_path / "checkpoints" / "2")
+  with pytest.raises(ValueError, match=r"holds checkpoints \(steps \[2\]\).*--resume"):
+    _train(tmp_path)
