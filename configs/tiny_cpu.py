@@ -33,10 +33,12 @@ def get_config(arg=None):
   c.optim.warmup_steps = 2             # rollout steps
   c.eval.num_problems = 128
   c.eval.num_samples = 16
+  c.checkpoint.every_steps = 10        # rollout steps (a preemption loses at most 10)
   if opts["ladder"]:                   # shorter runs: 6 rungs x 3 seeds + sweeps on 2 cores
     c.train.num_steps = 20             # rollout steps
     c.eval.num_problems = 64
     c.eval.num_samples = 8
+    c.checkpoint.every_steps = 5       # rollout steps
   if opts["runlocal"]:
     c.train.num_steps = 2
     c.eval.num_problems = 16
