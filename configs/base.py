@@ -46,7 +46,8 @@ def base_config() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_p=1.0,
       top_k=0,
-      num_slots=128,            # decode slots
+      num_slots=128,            # most decode slots
+      kv_cache_gib=0.0,         # GiB of KV cache per chip sizing the slots; 0 = num_slots
   )
   c.algo = dict(                # DAPO (paper §3, reference script)
       eps_low=0.2,

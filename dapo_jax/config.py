@@ -59,7 +59,8 @@ class RolloutCfg:
   temperature: float
   top_p: float
   top_k: int                  # 0 = off
-  num_slots: int              # concurrent decode slots of the sampler
+  num_slots: int              # most concurrent decode slots of the sampler
+  kv_cache_gib: float         # sampler KV-cache HBM per chip (GiB) sizing the slots; 0 = num_slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +267,7 @@ def validate(c: Config):
   _require(r.top_k >= 0, "rollout.top_k", "must be >= 0")
   _require(r.num_slots >= r.group_size, "rollout.num_slots",
            f"{r.num_slots} slots cannot hold one group of G={r.group_size}")
+  _require(r.kv_cache_gib >= 0, "rollout.kv_cache_gib", "must be >= 0 GiB (0 = num_slots)")
   try:
     core_losses.check_clip_args(eps_low=a.eps_low, eps_high=a.eps_high,
                                 clip_c=a.clip_c if a.clip_c else None)

@@ -6,6 +6,8 @@
       --num_processes=2 --workdir=runs/eps
   python experiments/launch.py --config=configs/dapo_qwen25_32b.py --backend=tpu-pod \
       --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=/nfs/runs/dapo32b --dry_run
+  # without --dry_run: --topology=v5p-128 compiles every distinct run for the slice first
+  # (python -m dapo_jax.aot) and refuses one that does not fit; --skip_aot_check skips that
 
 Each run gets its own directory <workdir>/<run name> with log.txt, metrics.jsonl, checkpoints and
 results.json. Re-running a sweep skips runs that have results.json and resumes (--resume) runs
@@ -118,6 +120,41 @@ def tpu_pod_command(run: RunSpec, *, tpu_name: str, zone: str, project: str,
   return cmd
 
 
+# Overrides that change no compiled shape or buffer: runs differing only in these share one
+# ahead-of-time check (an eps_high sweep compiles once; a max_new_tokens sweep does not).
+_AOT_NEUTRAL = ("seed", "algo.eps_low", "algo.eps_high", "algo.clip_c", "algo.overlong_cache_len",
+                "algo.overlong_factor", "algo.overlong_penalty", "algo.overlong_filter",
+                "rollout.temperature", "rollout.top_p", "rollout.top_k", "train.num_steps",
+                "optim.", "eval.", "checkpoint.", "log.", "distributed.")
+
+
+def aot_key(run: RunSpec) -> tuple:
+  kept = {k: v for k, v in run.overrides.items() if not k.startswith(_AOT_NEUTRAL)}
+  return (run.config_arg, tuple(sorted((k, str(v)) for k, v in kept.items())))
+
+
+def aot_check(runs: list, topology: str) -> list[str]:
+  """Compiles each distinct run for the slice (python -m dapo_jax.aot); returns the names of
+  runs that do not fit (or whose check failed)."""
+  groups: dict = {}
+  for run in runs:
+    groups.setdefault(aot_key(run), []).append(run)
+  misfits = []
+  for (config_arg, kept), members in groups.items():
+    cmd = [sys.executable, "-m", "dapo_jax.aot", f"--config={config_arg}",
+           f"--topology={topology}"] + [f"--config.{k}={v}" for k, v in kept]
+    print(f"[aot] {', '.join(r.name for r in members)}: {' '.join(map(shlex.quote, cmd))}",
+          flush=True)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    print("\n".join(l for l in p.stdout.splitlines() if not l.startswith("[aot] ")))
+    if p.returncode not in (0, 1):  # failed before a verdict (a bad config, no libtpu)
+      print((p.stderr.strip().splitlines() or ["the check failed"])[-1])
+    if p.returncode != 0:
+      misfits += [r.name for r in members]
+  return misfits
+
+
 def _launch(cmds, log_path):
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   procs = []
@@ -164,11 +201,20 @@ def main(argv=None):
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                   help="config override for every run (e.g. checkpoint.export_hf=False); repeat")
   ap.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  ap.add_argument("--topology", default="",
+                  help="tpu-pod: the slice, e.g. v5p-128; each run is compiled for it first "
+                       "(python -m dapo_jax.aot) and a run that does not fit is not launched")
+  ap.add_argument("--skip_aot_check", action="store_true",
+                  help="tpu-pod: launch without the ahead-of-time fit check")
   args = ap.parse_args(argv)
   if args.parallel < 1:
     ap.error("--parallel must be >= 1")
   if args.backend == "tpu-pod" and not (args.tpu_name and args.zone):
     ap.error("--backend=tpu-pod needs --tpu_name and --zone")
+  if (args.backend == "tpu-pod" and not args.dry_run and not args.skip_aot_check
+      and not args.topology):
+    ap.error("--backend=tpu-pod needs --topology (e.g. v5p-128) for the fit check, or "
+             "--skip_aot_check")
 
   workdir = os.path.abspath(args.workdir)
   runs = expand(args.config, args.sweep, workdir)
@@ -193,6 +239,12 @@ def main(argv=None):
       pending.append(run)
 
   if args.backend == "tpu-pod":
+    if not (args.dry_run or args.skip_aot_check):
+      misfits = aot_check(pending, args.topology)
+      if misfits:
+        print(f"[aot] refusing to launch: {', '.join(misfits)} do(es) not fit "
+              f"{args.topology} (see the tables above; --skip_aot_check launches anyway)")
+        return 1
     for run in pending:
       cmd = tpu_pod_command(run, tpu_name=args.tpu_name, zone=args.zone, project=args.project,
                             repo_dir=args.repo_dir)

@@ -22,6 +22,7 @@ from dapo_jax import sharding as sharding_lib
 from dapo_jax.rollout import sampling
 from dapo_jax.rollout import state as state_lib
 from dapo_jax.rollout import tokenizer as tokenizer_lib
+from dapo_jax.rollout.transfer import transfer_params
 from dapo_jax.rollout.state import DecodeState, Prefix
 
 
@@ -149,9 +150,10 @@ class Engine(engine_api.Engine):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = _param_shardings(model, mesh)
-    # may_alias=False: the engine owns its weights, so a trainer that donates its own buffers
-    # (jit donate_argnums) can never delete the sampler's.
-    self._params = jax.device_put(params, self._param_shardings, may_alias=False)
+    # Weights are kept in the compute dtype (the model casts to it anyway). The engine owns its
+    # copy: a trainer that donates its own buffers can never delete the sampler's.
+    self._dtype = jnp.dtype(model.cfg.dtype)
+    self._params = transfer_params(params, self._param_shardings, self._dtype)
     self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
                                 may_alias=False)
     c = self.cfg
@@ -178,11 +180,13 @@ class Engine(engine_api.Engine):
   def params(self):
     return self._params
 
-  def load_params(self, params=None):
+  def load_params(self, params=None, *, free_old: bool = False):
     """Returns the engine's params; given `params` (the trainer's nnx.Param state or a pure
-    dict of the same tree, on any mesh), checks them against the engine's, reshards them onto
-    this engine's mesh, casts to its dtypes, and keeps them. Shapes and shardings never change,
-    so nothing recompiles."""
+    dict of the same tree, on any mesh, spanning any processes), checks them against the
+    engine's and moves them device-to-device onto this engine's mesh in its dtype
+    (`transfer_params`). Shapes and shardings never change, so nothing recompiles.
+    free_old: delete the previous copy first, so the transfer's peak holds one sampler copy
+    (only when nothing else holds it: the sampler's weight sync)."""
     if params is None:
       return self._params
     want, treedef = jax.tree_util.tree_flatten_with_path(self._params)
@@ -199,10 +203,11 @@ class Engine(engine_api.Engine):
         raise ValueError(f"params{name}: shape {tuple(getattr(x, 'shape', ()))} does not "
                          f"match the engine's {tuple(w.shape)}")
       leaves.append(x)
-    moved = jax.device_put(jax.tree.unflatten(treedef, leaves), self._param_shardings,
-                           may_alias=False)
-    self._params = jax.tree.map(
-        lambda x, w: x if x.dtype == w.dtype else _cast(x, w.dtype), moved, self._params)
+    if free_old:
+      old, self._params = self._params, None
+      jax.tree.map(lambda x: x.delete(), old)
+    self._params = transfer_params(jax.tree.unflatten(treedef, leaves), self._param_shardings,
+                                   self._dtype)
     return self._params
 
   # ---- JetStream Engine API --------------------------------------------------------------
@@ -329,10 +334,6 @@ def _name(path) -> str:
   """A leaf's path as text, without nnx's trailing `.value` (so pure dicts match too)."""
   name = jax.tree_util.keystr(path)
   return name[:-len(".value")] if name.endswith(".value") else name
-
-
-def _cast(x, dtype):
-  return jax.jit(lambda a: a.astype(dtype), out_shardings=x.sharding)(x)
 
 
 def _param_shardings(model, mesh):

@@ -59,8 +59,9 @@ class GroupSampler:
                            else _int_arg(prefill_batch, "prefill_batch", 1))
 
   def update_params(self, params) -> None:
-    """Weight sync: the trainer's nnx.Param state (any mesh) resharded onto the sampler's."""
-    self.engine.load_params(params)
+    """Weight sync: the trainer's nnx.Param state (any mesh, any processes) moved
+    device-to-device onto the sampler's mesh in its dtype; the old copy is freed first."""
+    self.engine.load_params(params, free_old=True)
 
   def _check_prompts(self, prompts) -> list[np.ndarray]:
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):

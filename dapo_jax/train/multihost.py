@@ -1,8 +1,9 @@
 """Host-side glue for multi-process runs (one process per host; also 2 local CPU processes).
 
-Each host samples its slice of every generation round on its own devices; the scored groups are
-gathered so every host holds the same global batch, which the jitted update consumes as global
-arrays on the training mesh. With one process every function here is the identity.
+Each host samples its slice of every generation round on its own devices (its slice of the
+global sampler mesh, weights moved there device-to-device); the scored groups are gathered so
+every host holds the same global batch, which the jitted update consumes as global arrays on
+the training mesh. With one process every function here is the identity.
 """
 import jax
 import numpy as np
@@ -35,9 +36,10 @@ def to_host(tree):
 
 
 def sampler_params(params):
-  """What the sampler's update_params takes: device arrays with one process (resharded on
-  device), full host copies with several (the sampler lives on each host's own devices)."""
-  return to_host(params) if is_multi() else params
+  """What the sampler's update_params takes: the trainer's device arrays as they are, with one
+  process or several (engine.load_params moves them device-to-device onto each host's sampler,
+  rollout/transfer.py); never a host copy."""
+  return params
 
 
 def _encode_answers(answers) -> np.ndarray:

@@ -25,10 +25,16 @@ def build_mesh(cfg: Config, devices=None):
     raise ValueError(f"config.mesh: {err}") from None
 
 
-def build_local_mesh(cfg: Config):
-  """The sampler's mesh on this process's devices: tensor axis as configured, the rest data."""
-  return sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": cfg.mesh.tensor},
-                            jax.local_devices())
+def build_sampler_mesh(cfg: Config, devices=None):
+  """The sampler's mesh on every chip (replicas x tensor parallel): weights are replicated over
+  `data` and split over `tensor` (never FSDP-gathered per decode step); slots split over
+  `data`. With several processes the data axis runs host-major, so each host's slice of it is
+  that host's own sampler (engine.load_params fills it device-to-device)."""
+  devices = jax.devices() if devices is None else devices
+  try:
+    return sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": cfg.mesh.tensor}, devices)
+  except ValueError as err:
+    raise ValueError(f"config.mesh.tensor: sampler mesh: {err}") from None
 
 
 def check_batch_fits_mesh(cfg: Config, mesh):
@@ -92,23 +98,45 @@ def load_task(cfg: Config) -> Task:
   return Task(train=train, eval=evals, tokenizer=tok, eos_ids=eos_ids)
 
 
-def model_config(cfg: Config, vocab_size: int) -> ModelConfig:
+# How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
+# SOURCE_FIELDS pick where weights come from; ARCH_FIELDS are the architecture, from the config
+# (source="config") or from the checkpoint's config.json (source="hf": vocab_size must then be
+# 0 or equal); RUN_FIELDS are run settings applied to the model whatever the source.
+SOURCE_FIELDS = ("source", "hf_path")
+ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
+RUN_FIELDS = ("dtype", "param_dtype", "remat", "logits_chunk")
+
+
+def run_overrides(cfg: Config, max_positions: int = 4096) -> dict:
+  """ModelConfig fields set by the run whatever the weights' source."""
+  out = {f: getattr(cfg.model, f) for f in RUN_FIELDS}
+  out["max_position_embeddings"] = max(max_positions, cfg.seq_len)
+  return out
+
+
+def model_config(cfg: Config, vocab_size: int, hf: ModelConfig | None = None) -> ModelConfig:
+  """The model's config: from cfg.model (source="config"), or the checkpoint's `hf` config with
+  the run settings applied (source="hf")."""
   m = cfg.model
-  return ModelConfig(
-      vocab_size=m.vocab_size or vocab_size, hidden_size=m.hidden_size,
-      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
-      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
-      tie_word_embeddings=m.tie_word_embeddings, dtype=m.dtype, param_dtype=m.param_dtype,
-      remat=m.remat, logits_chunk=m.logits_chunk,
-      max_position_embeddings=max(4096, cfg.task.max_prompt_len + cfg.rollout.max_new_tokens))
+  if hf is not None:
+    if m.vocab_size and m.vocab_size != hf.vocab_size:
+      raise ValueError(f"config.model.vocab_size: {m.vocab_size} != the checkpoint's "
+                       f"{hf.vocab_size} (0 = take the checkpoint's)")
+    return dataclasses.replace(hf, **run_overrides(cfg, hf.max_position_embeddings))
+  arch = {f: getattr(m, f) for f in ARCH_FIELDS}
+  arch["vocab_size"] = m.vocab_size or vocab_size
+  return ModelConfig(**arch, **run_overrides(cfg))
 
 
 def build_model(cfg: Config, mesh, tokenizer):
   """(model, ModelConfig): a fresh sharded init, or an HF checkpoint loaded onto the mesh."""
   vocab = len(tokenizer)
   if cfg.model.source == "hf":
-    model, mcfg = hf_io.load_pretrained(resolve_path(cfg.model.hf_path), mesh=mesh,
-                                        dtype=cfg.model.param_dtype)
+    path = resolve_path(cfg.model.hf_path)
+    mcfg = model_config(cfg, vocab, hf_io.read_config(path))
+    model, mcfg = hf_io.load_pretrained(path, mesh=mesh, **{
+        f: getattr(mcfg, f) for f in (*RUN_FIELDS, "max_position_embeddings")})
   else:
     mcfg = model_config(cfg, vocab)
     model = sharding.create_sharded_model(mcfg, mesh, seed=cfg.seed)
@@ -130,7 +158,3 @@ def resolve_path(path: str) -> str:
 def process_info():
   return jax.process_index(), jax.process_count()
 
-
-def ensure_dir(path: str) -> str:
-  os.makedirs(path, exist_ok=True)
-  return path

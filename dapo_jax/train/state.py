@@ -36,3 +36,14 @@ def make_optimizer(*, lr: float, warmup_updates: int, weight_decay: float, grad_
 def create(params, optimizer) -> TrainState:
   return TrainState(updates=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(params))
+
+
+def shardings(params, optimizer, replicated) -> TrainState:
+  """Shardings of `create(params)`: params keep theirs, the optimizer's per-parameter state
+  (Adam's mu and nu) follows its parameter, counters are `replicated`. Without them jit(create)
+  replicates mu and nu on every chip (~262 GB at 32B: the AOT check's first catch)."""
+  psh = jax.tree.map(lambda x: x.sharding, params)
+  abstract = jax.eval_shape(lambda p: create(p, optimizer), params)
+  opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract.opt_state, psh,
+                              transform_non_params=lambda _: replicated)
+  return TrainState(updates=replicated, params=psh, opt_state=opt)

@@ -28,6 +28,7 @@ from dapo_jax.config import Config
 from dapo_jax.core import advantages
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import get_reward_fn
+from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import recovery
@@ -81,13 +82,20 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   optimizer = state_lib.make_optimizer(
       lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=cfg.optim.weight_decay,
       grad_clip=cfg.optim.grad_clip, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps)
-  state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer))(params)
-  # The sampler owns its copy of the weights (its own mesh and shardings). With several
-  # processes each host samples on its own devices, from a host copy of the params.
-  sampler_mesh = setup.build_local_mesh(cfg) if multihost.is_multi() else mesh
-  sampler = make_sampler(nnx.merge(graphdef, multihost.sampler_params(params)),
-                         num_slots=cfg.rollout.num_slots, max_prompt_len=cfg.task.max_prompt_len,
-                         max_len=seq_len, mesh=sampler_mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer),
+                  out_shardings=state_lib.shardings(params, optimizer, replicated))(params)
+  # The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
+  # own mesh (all chips, replicas x tensor); with several processes each host drives its slice.
+  sampler_mesh = setup.build_sampler_mesh(
+      cfg, jax.local_devices() if multihost.is_multi() else None)
+  num_slots = budget.sampler_slots(
+      num_slots=cfg.rollout.num_slots, kv_cache_gib=cfg.rollout.kv_cache_gib,
+      group_size=cfg.rollout.group_size, mcfg=mcfg, max_len=seq_len,
+      mesh_shape=sampler_mesh.shape)
+  sampler = make_sampler(nnx.merge(graphdef, params), num_slots=num_slots,
+                         max_prompt_len=cfg.task.max_prompt_len, max_len=seq_len,
+                         mesh=sampler_mesh)
   a = cfg.algo
   pidx, pcount = setup.process_info()
   data = PromptIterator(task.train, task.tokenizer,

@@ -1,0 +1,30 @@
+"""Ahead-of-time check of a run on a TPU slice, compiled on this (CPU) machine with libtpu.
+
+  JAX_PLATFORMS=cpu python -m dapo_jax.aot --config=configs/dapo_qwen25_32b.py \
+      --topology=v5p-128 --json=/tmp/aot.json
+
+Builds the run's shapes abstractly (no weights, no data), compiles every jitted function of a
+rollout step for the slice's chips, and reports per-chip memory, the TPU cost model's FLOPs,
+bytes and seconds, and whether the step fits in HBM (exit 1 when it does not).
+"""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu must not probe for attached chips
+# Compile-only use: several processes (a test beside a check) may load libtpu at once.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def check(cfg, topology_name: str, *, steps_per_call: int = 16) -> dict:
+  """The report of `cfg` (a parsed Config) on a slice, as a JSON-able dict."""
+  from dapo_jax.aot import functions, report, topology  # pylint: disable=import-outside-toplevel
+  sl = topology.parse(topology_name)
+  devices = topology.devices(sl)
+  plan = functions.build_plan(cfg, devices, hosts=sl.hosts, steps_per_call=steps_per_call)
+  rows = []
+  for job in plan.jobs:  # one at a time, with progress: a 32B compile takes tens of seconds
+    rows.append(report.compile_job(job))
+    print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s", flush=True)
+  summary = report.summarize(rows, plan.buffers, sl.hbm_bytes)
+  return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary,
+          "functions": rows, "resident_buffers": plan.buffers, **plan.info,
+          "table": report.table(rows, summary, plan.buffers)}

@@ -1,0 +1,49 @@
+"""python -m dapo_jax.aot --config=CONFIG --topology=v5p-128 [--json=FILE] [--config.x.y=...]"""
+import json
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compile-only use: several processes (a test beside a check) may load libtpu at once.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+flags.DEFINE_string("topology", None, "TPU slice, e.g. v5p-128, v5e-256, v6e-64, v4-128.")
+flags.DEFINE_string("json", None, "Write the report here as JSON.")
+flags.DEFINE_integer("steps_per_call", 16, "Decode steps per generate call (the sampler's).")
+flags.DEFINE_string("cache_dir", os.path.expanduser("~/.cache/dapo_jax/aot"),
+                    "Persistent compilation cache (a rerun that changes one function recompiles "
+                    "only that one); empty = off.")
+config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
+flags.mark_flags_as_required(["config", "topology"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  from dapo_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
+  cfg = config_lib.parse(FLAGS.config)
+  if FLAGS.cache_dir:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.config.update("jax_compilation_cache_dir", FLAGS.cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  try:
+    out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call)
+  except ValueError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  print(f"[aot] {out['topology']}: {out['chips']} chips, {out['hosts']} hosts; model "
+        f"{out['num_params'] / 1e9:.2f} B params ({out['model_source']}); trainer mesh "
+        f"{out['trainer_mesh']}, sampler per host {out['sampler_mesh_per_host']} with "
+        f"{out['sampler_slots_per_host']} slots ({out['sampler_slots_global']} in all)")
+  print(out["table"])
+  if FLAGS.json:
+    with open(FLAGS.json, "w", encoding="utf-8") as f:
+      json.dump({k: v for k, v in out.items() if k != "table"}, f, indent=2)
+  return 0 if out["fits"] else 1
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,137 @@
+"""The AOT check: TPU compiles of small runs on this CPU machine (libtpu), topology table,
+errors, the verdict, and that every config model field reaches the model."""
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import tiny_cpu
+from dapo_jax import config as config_lib
+from dapo_jax.aot import report, topology
+from dapo_jax.models import hf_io
+from dapo_jax.train import setup
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install "
+                                  "-r requirements-dev.txt): TPU compiles need it")
+
+
+def _cfg(**fields):
+  c = tiny_cpu.get_config()
+  for k, v in fields.items():
+    section, name = k.split(".")
+    c[section][name] = v
+  return config_lib.parse(c)
+
+
+# ---- model fields ---------------------------------------------------------------------------
+def test_every_model_field_is_routed():
+  names = {f.name for f in dataclasses.fields(config_lib.ModelCfg)}
+  routed = set(setup.SOURCE_FIELDS) | set(setup.ARCH_FIELDS) | set(setup.RUN_FIELDS)
+  assert names == routed, f"ModelCfg fields not routed to the model: {names ^ routed}"
+
+
+CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "logits_chunk": 64,
+           "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 2,
+           "num_heads": 8, "num_kv_heads": 4, "head_dim": 16, "rope_theta": 5e5,
+           "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("field", setup.ARCH_FIELDS + setup.RUN_FIELDS)
+def test_config_source_field_reaches_model(field):
+  base = _cfg(**{"model.source": "config"})
+  changed = _cfg(**{"model.source": "config", f"model.{field}": CHANGED[field]})
+  got = setup.model_config(changed, 162)
+  assert getattr(got, field) == CHANGED[field]
+  assert getattr(setup.model_config(base, 162), field) != CHANGED[field]
+
+
+@pytest.mark.parametrize("field", setup.RUN_FIELDS)
+def test_hf_source_run_field_reaches_model(field):
+  hf = hf_io.read_config(setup.resolve_path("dapo_jax/assets/tiny_base"))
+  got = setup.model_config(_cfg(**{f"model.{field}": CHANGED[field]}), 0, hf)
+  assert getattr(got, field) == CHANGED[field]
+  assert got.hidden_size == hf.hidden_size  # the architecture stays the checkpoint's
+
+
+def test_build_model_hf_applies_run_fields(cpu_devices):
+  cfg = _cfg(**{"model.dtype": "bfloat16", "model.remat": True, "model.logits_chunk": 64})
+  mesh = setup.build_mesh(cfg, cpu_devices)
+  model, mcfg = setup.build_model(cfg, mesh, [0] * 162)
+  assert (model.cfg.dtype, model.cfg.remat, model.cfg.logits_chunk) == ("bfloat16", True, 64)
+  assert mcfg == model.cfg
+  with pytest.raises(ValueError, match="config.model.vocab_size: 999 != the checkpoint's 162"):
+    setup.build_model(_cfg(**{"model.vocab_size": 999}), mesh, [0] * 162)
+
+
+# ---- topology table and verdict -------------------------------------------------------------
+def test_topology_table():
+  s = topology.parse("v5p-128")
+  assert (s.chips, s.grid, s.hosts, s.hbm_bytes) == (64, "4x4x4", 16, 95 * topology.GiB)
+  assert (topology.parse("v5e-8").hosts, topology.parse("v5e-256").hosts) == (1, 64)
+  assert topology.parse("v4-8").chips == 4 and topology.parse("v6e-64").hbm_bytes == 32 * 2**30
+  with pytest.raises(ValueError, match="unknown TPU slice 'v7x-8'"):
+    topology.parse("v7x-8")
+  with pytest.raises(ValueError, match="'v5p-12' is not a v5p slice size"):
+    topology.parse("v5p-12")
+
+
+def _row(name, temp, resident=()):
+  return dict(name=name, status="compiled", temp_bytes=temp, argument_bytes=1, output_bytes=0,
+              alias_bytes=0, code_bytes=0, peak_bytes=temp + 1, resident=list(resident))
+
+
+def test_verdict_adds_resident_buffers_and_names_largest_items():
+  rows = [_row("a", 10), _row("b", 4, ("train_state",))]
+  s = report.summarize(rows, {"train_state": 8}, hbm_bytes=12)
+  assert (s["peak_bytes"], s["peak_function"], s["fits"]) == (13, "b", False)
+  assert [i["name"] for i in s["largest_items"]] == ["resident train_state", "b temporaries",
+                                                     "b arguments"]
+  assert report.summarize(rows, {"train_state": 8}, hbm_bytes=13)["fits"]
+
+
+# ---- compiles for TPU slices ----------------------------------------------------------------
+def _aot(tmp_path, *args):
+  out = tmp_path / "aot.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  p = subprocess.run([sys.executable, "-m", "dapo_jax.aot", *args, f"--json={out}"], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=600)
+  return p, (json.loads(out.read_text()) if out.exists() else None)
+
+
+SMALL = ["--config.model.source=config", "--config.model.hidden_size=512",
+         "--config.model.intermediate_size=1536", "--config.model.num_layers=2",
+         "--config.model.num_heads=8", "--config.model.num_kv_heads=4",
+         "--config.model.head_dim=64", "--config.model.dtype=bfloat16",
+         "--config.model.remat=True", "--config.rollout.kv_cache_gib=0.01"]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topo,extra", [("v5p-8", []), ("v5e-8", SMALL)])
+def test_compiles_for_tpu(tmp_path, topo, extra):
+  p, out = _aot(tmp_path, "--config=configs/tiny_cpu.py", f"--topology={topo}", *extra)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  names = [f["name"] for f in out["functions"]]
+  assert names == ["init_train_state", "train_step", "old_logprobs", "sampler_prefill",
+                   "sampler_insert", "sampler_generate_chunk", "weight_transfer"]
+  assert all(f["status"] == "compiled" and f["peak_bytes"] > 0 for f in out["functions"])
+  assert out["fits"] and 0 < out["peak_bytes"] <= out["hbm_bytes"]
+  assert "step peak per chip" in p.stdout
+
+
+@needs_libtpu
+@pytest.mark.parametrize("args,msg", [
+    (["--topology=v9-8"], "unknown TPU slice"),
+    (["--topology=v5p-8", "--config.mesh.tensor=3"], "config.mesh"),
+    (["--topology=v5p-8", "--config.train.micro_batch_size=2"],
+     "config.train.micro_batch_size: 2 sequences"),
+])
+def test_clear_errors(tmp_path, args, msg):
+  p, _ = _aot(tmp_path, "--config=configs/tiny_cpu.py", *args)
+  assert p.returncode == 2 and msg in p.stderr, p.stderr[-2000:]
