@@ -75,3 +75,12 @@ def test_load_task_wiring():
   c.task.eval_name = "synthetic_heldout"
   with pytest.raises(ValueError, match="synthetic_heldout needs task.name='synthetic'"):
     setup.load_task(config_lib.parse(c))
+
+
+@pytest.mark.parametrize("arg", [None, "runlocal=True", "difficulty=2"])
+def test_smollm2_config_parses(arg):
+  import importlib
+  c = config_lib.parse(importlib.import_module("configs.smollm2_cpu").get_config(arg))
+  assert (c.task.name, c.task.eval_name, c.task.chat_template) == (
+      "arith_nl", "arith_nl_heldout", True)
+  assert c.model.hf_path == c.task.tokenizer  # the imported checkpoint's own tokenizer

