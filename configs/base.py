@@ -61,9 +61,17 @@ def base_config() -> ml_collections.ConfigDict:
       overlong_penalty=True,
       overlong_cache_len=12,    # tokens (L_cache); ramp from max_new_tokens - this
       overlong_factor=1.0,
+      overlong_adaptive=False,  # ramp start = a percentile of recent lengths (core.overlong)
+      overlong_adaptive_percentile=90.0,  # percent of recent response lengths
+      overlong_adaptive_window=4,  # rollout steps
       dynamic_sampling=True,
       gen_batch_size=24,        # prompts per generation round
       max_gen_rounds=10,
+      prefilter=False,          # skip prompts whose record is all-correct / all-wrong
+      prefilter_decay=0.8,      # weight kept by a prompt's past observations per new one
+      prefilter_min_seen=2,     # times sampled before a prompt can be skipped
+      prefilter_margin=0.0,     # decayed pass rate <= this or >= 1 - this counts as uniform
+      prefilter_revisit=0.1,    # probability a skippable prompt is sampled anyway
       kl_coef=0.0,
       kl_kind="k3",
       entropy_coef=0.0,
@@ -91,7 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.mesh = dict(data=-1, fsdp=1, tensor=1)   # devices per axis; -1 = the rest
   c.checkpoint = dict(every_steps=0, keep=2, async_save=True, export_hf=True)
-  c.log = dict(tensorboard=True, progress=True)
+  c.log = dict(tensorboard=True, progress=True,
+               reflection_phrases="")  # comma-separated re-check phrases; "" = tracker off
   c.distributed = dict(enabled=False, coordinator_address="", num_processes=-1, process_id=-1,
                        cpu_collectives="")
   return c

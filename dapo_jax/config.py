@@ -38,6 +38,7 @@ class TaskCfg:
   difficulty: int             # synthetic task: number of operands
   num_train: int              # synthetic task: prompts in the training pool
   eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
+  # eval_name may also be "math_500_int": data.integerize, MATH-500's answers made integers
   tokenizer: str              # "synthetic" (built in the workdir) | path to an HF tokenizer dir
   chat_template: bool         # wrap each prompt as one user message in the tokenizer's chat template
   max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)
@@ -76,9 +77,17 @@ class AlgoCfg:
   overlong_penalty: bool      # add Eq. 13's soft penalty to the reward
   overlong_cache_len: int     # tokens (L_cache); the ramp starts at max_new_tokens − this
   overlong_factor: float
+  overlong_adaptive: bool     # Eq. 13's ramp start from recent lengths (core.overlong)
+  overlong_adaptive_percentile: float  # percent; the ramp starts at this percentile of lengths
+  overlong_adaptive_window: int  # rollout steps of response lengths the percentile is taken over
   dynamic_sampling: bool      # keep only groups with 0 < #correct < G, over-generate to fill
   gen_batch_size: int         # prompts per generation round when dynamic_sampling
   max_gen_rounds: int         # rounds before a DynamicSamplingError
+  prefilter: bool             # skip prompts recorded as all-correct/all-wrong (train.prefilter)
+  prefilter_decay: float      # in (0, 1]: weight kept by past observations at each new one
+  prefilter_min_seen: int     # times a prompt was sampled before it can be skipped
+  prefilter_margin: float     # skip when the decayed pass rate is <= this or >= 1 - this
+  prefilter_revisit: float    # probability a skippable prompt is sampled anyway
   kl_coef: float              # 0 = no reference model, nothing computed
   kl_kind: str                # k1 | k2 | k3
   entropy_coef: float         # entropy bonus; 0 = off
@@ -137,6 +146,7 @@ class CheckpointCfg:
 class LogCfg:
   tensorboard: bool
   progress: bool              # one console line per step
+  reflection_phrases: str     # comma-separated re-check phrases (rewards.reflection); "" = off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +294,18 @@ def validate(c: Config):
   _require(a.overlong_factor >= 0, "algo.overlong_factor", "must be >= 0")
   _require(a.gen_batch_size > 0, "algo.gen_batch_size", "must be > 0")
   _require(a.max_gen_rounds >= 1, "algo.max_gen_rounds", "must be >= 1")
+  _require(0 <= a.overlong_adaptive_percentile <= 100, "algo.overlong_adaptive_percentile",
+           f"must be in [0, 100], got {a.overlong_adaptive_percentile}")
+  _require(a.overlong_adaptive_window >= 1, "algo.overlong_adaptive_window",
+           f"must be >= 1, got {a.overlong_adaptive_window}")
+  _require(a.prefilter_min_seen >= 1, "algo.prefilter_min_seen",
+           f"must be >= 1, got {a.prefilter_min_seen}")
+  _require(0 < a.prefilter_decay <= 1, "algo.prefilter_decay",
+           f"must be in (0, 1], got {a.prefilter_decay}")
+  _require(0 <= a.prefilter_margin < 0.5, "algo.prefilter_margin",
+           f"must be in [0, 0.5), got {a.prefilter_margin}")
+  _require(0 <= a.prefilter_revisit <= 1, "algo.prefilter_revisit",
+           f"must be in [0, 1], got {a.prefilter_revisit}")
   _require(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
   _require(a.kl_kind in core_stats.KL_KINDS, "algo.kl_kind", f"must be one of {core_stats.KL_KINDS}")
   _require(a.old_logp_source in ("recompute", "sampler"), "algo.old_logp_source",
@@ -311,3 +333,6 @@ def validate(c: Config):
   _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
            "at most one axis may be -1")
   _require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+  phrases = c.log.reflection_phrases.split(",") if c.log.reflection_phrases.strip() else []
+  _require(all(p.strip() for p in phrases), "log.reflection_phrases",
+           f"empty phrase in {c.log.reflection_phrases!r} (stray comma?)")

@@ -1,7 +1,21 @@
-"""Overlong reward shaping (DAPO §3.4): soft punishment (Eq. 13) and overlong filtering."""
+"""Overlong reward shaping (DAPO §3.4): soft punishment (Eq. 13) and overlong filtering.
+
+Adaptive ramp (`algo.overlong_adaptive`, beyond the paper): at rollout step s the ramp of Eq. 13
+starts at the `percentile`-th percentile (an observed length, numpy's "higher" method) of the
+response lengths generated in steps [s − window, s), i.e. L_cache = max_len − that length,
+clamped to [0, max_len]; with no lengths recorded yet (the first step, or the first after a
+resume: the history is not checkpointed) the configured L_cache is used. All rounds of a step
+share one L_cache, and the history holds lengths gathered over all hosts, so every host shapes
+rewards identically. The rule follows the policy: when lengths grow towards max_len the ramp
+narrows (fewer long, correct answers penalized); when they shrink it widens. Since the longest
+(100 − percentile) % are always on the ramp, it also pulls lengths down a little each step;
+the ablation against the fixed L_cache is what says whether that helps.
+"""
 import numbers
+from typing import Mapping
 
 import jax.numpy as jnp
+import numpy as np
 
 from dapo_jax.core._checks import check_array
 
@@ -35,6 +49,30 @@ def overlong_mask(truncated_B):
   """Loss mask of overlong filtering: 0 for truncated responses, 1 otherwise (float32)."""
   check_array(truncated_B, "truncated_B", kind="bool_or_int")
   return (truncated_B == 0).astype(jnp.float32)
+
+
+def adaptive_cache_len(history: Mapping[int, list], *, step: int, window: int,
+                       percentile: float, max_len: int, fallback: int) -> int:
+  """L_cache for `step` from `history` (step -> list of length arrays); see the module doc."""
+  if not 0 <= percentile <= 100:
+    raise ValueError(f"percentile: must be in [0, 100], got {percentile}")
+  if not _is_int(window) or window < 1:
+    raise ValueError(f"window: must be an int >= 1 (steps), got {window!r}")
+  if not _is_int(max_len) or max_len <= 0:
+    raise ValueError(f"max_len: must be a positive int (tokens), got {max_len!r}")
+  recent = [np.ravel(x) for s, xs in history.items() if step - window <= s < step for x in xs]
+  lengths = np.concatenate(recent) if recent else np.zeros((0,))
+  if lengths.size == 0:
+    return fallback
+  start = int(np.percentile(lengths, percentile, method="higher"))
+  return int(min(max(max_len - start, 0), max_len))
+
+
+def record_lengths(history: Mapping[int, list], *, step: int, lengths, window: int) -> dict:
+  """A new history with `lengths` added under `step` and steps older than `window` dropped."""
+  out = {s: list(xs) for s, xs in history.items() if s >= step - window}
+  out.setdefault(step, []).append(np.asarray(lengths, np.int64).copy())
+  return out
 
 
 def _is_int(x) -> bool:

@@ -25,9 +25,10 @@ from dapo_jax import eval as eval_lib
 from dapo_jax import metrics as metrics_lib
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.core import advantages
+from dapo_jax.core import advantages, overlong
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import get_reward_fn
+from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
@@ -62,6 +63,8 @@ class Run:
   step: int = 0
   bad_steps: int = 0
   first_length: float | None = None
+  # Response lengths by rollout step, for algo.overlong_adaptive (not checkpointed).
+  length_history: dict = dataclasses.field(default_factory=dict)
 
 
 def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
@@ -108,6 +111,16 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
              ref_params=ref_params)
 
 
+def _overlong_cache_len(run: Run) -> int:
+  """Eq. 13's L_cache this step: fixed, or from recent lengths (core.overlong's module doc)."""
+  a, max_len = run.cfg.algo, run.cfg.rollout.max_new_tokens
+  if not a.overlong_adaptive:
+    return a.overlong_cache_len
+  return overlong.adaptive_cache_len(
+      run.length_history, step=run.step, window=a.overlong_adaptive_window,
+      percentile=a.overlong_adaptive_percentile, max_len=max_len, fallback=a.overlong_cache_len)
+
+
 def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.Groups:
   cfg, a = run.cfg, run.cfg.algo
   batch = next(run.data)  # this host's contiguous slice of the round's prompts
@@ -124,8 +137,12 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
   scored = groups_lib.score_rollout(
       rollout, batch.prompt_ids, batch.answers, decode=run.task.decode,
       reward_fn=get_reward_fn(cfg.task.reward), overlong_penalty=a.overlong_penalty,
-      max_len=r.max_new_tokens, cache_len=a.overlong_cache_len, factor=a.overlong_factor)
-  return multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
+      max_len=r.max_new_tokens, cache_len=_overlong_cache_len(run), factor=a.overlong_factor)
+  out = multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
+  if a.overlong_adaptive:  # every host's lengths, so every host computes the same ramp
+    run.length_history = overlong.record_lengths(
+        run.length_history, step=run.step, lengths=out.lengths, window=a.overlong_adaptive_window)
+  return out
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy"))
@@ -181,6 +198,10 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
       functools.partial(_generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=a.gen_batch_size, max_gen_rounds=a.max_gen_rounds,
       dynamic=a.dynamic_sampling)
+  summary["overlong_cache_len"] = _overlong_cache_len(run)
+  summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
+      batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
+      reward_fn=get_reward_fn(run.cfg.task.reward)))
   return batch, summary
 
 

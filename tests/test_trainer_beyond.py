@@ -1,0 +1,46 @@
+"""Trainer wiring of issue 16's switches: the adaptive Eq. 13 ramp and the reflection tracker."""
+import dataclasses
+import math
+
+import numpy as np
+
+from dapo_jax import rewards
+from dapo_jax.core import overlong
+from dapo_jax.rewards import reflection
+from dapo_jax.train import trainer
+from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
+
+
+def _same(a: dict, b: dict):
+  assert a.keys() == b.keys()
+  for k in a:
+    assert a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])), k
+
+
+def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
+  phrases = "answer,a,b,c,d,e"
+  run = trainer.build(tiny_config(**{"algo.overlong_adaptive": True,
+                                     "log.reflection_phrases": phrases}), str(tmp_path),
+                      resume=False)
+  a, max_len = run.cfg.algo, run.cfg.rollout.max_new_tokens
+  batch0, summary0 = trainer.collect(run)
+  assert summary0["overlong_cache_len"] == a.overlong_cache_len  # no history yet: the fixed one
+  step0 = np.concatenate([x.ravel() for x in run.length_history[0]])
+  assert step0.size == summary0["prompts_sampled"] * run.cfg.rollout.group_size  # every round
+  _same({k: summary0[k] for k in reflection.batch_metrics([], [], [], phrases=("a",),
+                                                          reward_fn=None)},
+        reflection.groups_metrics(batch0, decode=run.task.decode,
+                                  phrases=reflection.parse_phrases(phrases),
+                                  reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))
+  # Pick a percentile whose ramp differs from the fixed L_cache, so the test can see it used.
+  want = {p: max_len - int(np.percentile(step0, p, method="higher")) for p in (0, 50, 100)}
+  p = next((p for p, c in want.items() if c != a.overlong_cache_len), None)
+  assert p is not None, f"every percentile gives the fixed L_cache: {want}"
+  run.cfg = dataclasses.replace(run.cfg, algo=dataclasses.replace(
+      a, overlong_adaptive_percentile=float(p)))
+  run.step = 1
+  batch1, summary1 = trainer.collect(run)
+  assert summary1["overlong_cache_len"] == want[p]
+  penalty = overlong.soft_overlong_penalty(batch1.lengths, max_len=max_len, cache_len=want[p],
+                                           factor=a.overlong_factor)
+  np.testing.assert_allclose(batch1.reward - batch1.score, penalty, atol=1e-6)
