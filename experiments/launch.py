@@ -63,16 +63,25 @@ def load_module(path: str):
   return module
 
 
-def expand(config_path: str, sweep: str | None, workdir: str) -> list[RunSpec]:
+def expand(config_arg: str, sweep: str | None, workdir: str) -> list[RunSpec]:
+  """`config_arg` is "file.py" or "file.py:arg", as dapo_jax.main's --config takes it."""
+  config_path, _, user_arg = config_arg.partition(":")
   module = load_module(config_path)
   if not hasattr(module, "get_sweep"):
     if sweep:
       raise ValueError(f"--sweep: {config_path} defines no get_sweep()")
-    return [RunSpec("run", config_path, {}, os.path.join(workdir, "run"))]
+    module.get_config(user_arg or None)  # a bad argument fails here, before launching
+    return [RunSpec("run", config_arg, {}, os.path.join(workdir, "run"))]
   runs = []
   for r in module.get_sweep(sweep):
-    module.get_config(r["arg"] or None)  # fail here, before launching, on a bad sweep entry
-    arg = f"{config_path}:{r['arg']}" if r["arg"] else config_path
+    both = {kv.split("=")[0] for kv in r["arg"].split(",") if kv} & \
+        {kv.split("=")[0] for kv in user_arg.split(",") if kv}
+    if both:
+      raise ValueError(f"--config={config_arg}: sweep {sweep!r} run {r['name']!r} sets "
+                       f"{sorted(both)} itself ({r['arg']!r})")
+    r_arg = ",".join(a for a in (r["arg"], user_arg) if a)  # the sweep's, then the file's
+    module.get_config(r_arg or None)  # fail here, before launching, on a bad sweep entry
+    arg = f"{config_path}:{r_arg}" if r_arg else config_path
     runs.append(RunSpec(r["name"], arg, dict(r["overrides"]), os.path.join(workdir, r["name"])))
   names = [r.name for r in runs]
   if len(set(names)) != len(names):
