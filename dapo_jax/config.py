@@ -306,6 +306,8 @@ def validate(c: Config):
            f"must be in [0, 0.5), got {a.prefilter_margin}")
   _require(0 <= a.prefilter_revisit <= 1, "algo.prefilter_revisit",
            f"must be in [0, 1], got {a.prefilter_revisit}")
+  _require(not a.prefilter or a.dynamic_sampling, "algo.prefilter",
+           "needs algo.dynamic_sampling (a round can shrink, a fixed batch cannot)")
   _require(a.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
   _require(a.kl_kind in core_stats.KL_KINDS, "algo.kl_kind", f"must be one of {core_stats.KL_KINDS}")
   _require(a.old_logp_source in ("recompute", "sampler"), "algo.old_logp_source",

@@ -1,13 +1,15 @@
-"""Trainer wiring of issue 16's switches: the adaptive Eq. 13 ramp and the reflection tracker."""
+"""Trainer wiring of issue 16's switches: adaptive Eq. 13 ramp, reflection tracker, pre-filter."""
 import dataclasses
 import math
+import types
 
 import numpy as np
+import pytest
 
 from dapo_jax import rewards
 from dapo_jax.core import overlong
 from dapo_jax.rewards import reflection
-from dapo_jax.train import trainer
+from dapo_jax.train import prefilter, recovery, trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
 
@@ -19,7 +21,7 @@ def _same(a: dict, b: dict):
 
 def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   phrases = "answer,a,b,c,d,e"
-  run = trainer.build(tiny_config(**{"algo.overlong_adaptive": True,
+  run = trainer.build(tiny_config(**{"algo.overlong_adaptive": True, "algo.prefilter": True,
                                      "log.reflection_phrases": phrases}), str(tmp_path),
                       resume=False)
   a, max_len = run.cfg.algo, run.cfg.rollout.max_new_tokens
@@ -27,6 +29,8 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   assert summary0["overlong_cache_len"] == a.overlong_cache_len  # no history yet: the fixed one
   step0 = np.concatenate([x.ravel() for x in run.length_history[0]])
   assert step0.size == summary0["prompts_sampled"] * run.cfg.rollout.group_size  # every round
+  assert summary0["prefilter_records"] == len(run.prefilter.records) > 0
+  assert summary0["prefilter_skipped"] == 0  # nothing seen twice yet
   _same({k: summary0[k] for k in reflection.batch_metrics([], [], [], phrases=("a",),
                                                           reward_fn=None)},
         reflection.groups_metrics(batch0, decode=run.task.decode,
@@ -44,3 +48,29 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   penalty = overlong.soft_overlong_penalty(batch1.lengths, max_len=max_len, cache_len=want[p],
                                            factor=a.overlong_factor)
   np.testing.assert_allclose(batch1.reward - batch1.score, penalty, atol=1e-6)
+
+
+def test_prefilter_drops_recorded_prompts_and_its_records_survive_a_restart(tmp_path):
+  run = trainer.build(tiny_config(**{"algo.prefilter": True, "algo.prefilter_min_seen": 1,
+                                     "algo.prefilter_revisit": 0.0}), str(tmp_path), resume=False)
+  state = run.data.state()
+  upcoming = next(run.data).prompt_ids
+  run.data.restore(state)
+  skip = [prefilter.prompt_key(p) for p in upcoming[1::2]]
+  run.prefilter.records = {k: prefilter.Record(1, 4.0, 4.0, 0) for k in skip}
+  g = trainer._generate_round(run, 0, len(upcoming))  # pylint: disable=protected-access
+  assert g.prompts == upcoming[0::2]
+  assert all(run.prefilter.records[prefilter.prompt_key(p)].seen == 1 for p in g.prompts)
+  assert all(run.prefilter.records[k] == prefilter.Record(1, 4.0, 4.0, 0) for k in skip)
+  meta = trainer._meta(run)  # pylint: disable=protected-access
+  meta |= {"results": {}, "metrics_records": 0}
+  saved = dict(run.prefilter.records)
+  run.prefilter.records = {}
+  ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.step, s, meta), directory="ckpt")
+  recovery.start(run, ckpt, resume=True)
+  assert run.prefilter.records == saved
+
+
+def test_prefilter_needs_dynamic_sampling():
+  with pytest.raises(ValueError, match="config.algo.prefilter: needs algo.dynamic_sampling"):
+    tiny_config(**{"algo.prefilter": True, "algo.dynamic_sampling": False})

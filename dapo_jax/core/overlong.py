@@ -53,7 +53,7 @@ def overlong_mask(truncated_B):
 
 def adaptive_cache_len(history: Mapping[int, list], *, step: int, window: int,
                        percentile: float, max_len: int, fallback: int) -> int:
-  """L_cache for `step` from `history` (step -> list of length arrays); see the module doc."""
+  """L_cache for `step` from `history` (step -> list of length arrays), per the module doc."""
   if not 0 <= percentile <= 100:
     raise ValueError(f"percentile: must be in [0, 100], got {percentile}")
   if not _is_int(window) or window < 1:

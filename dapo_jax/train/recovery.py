@@ -34,6 +34,8 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   _, run.state, meta = got
   run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
   run.data.restore(meta["data"])
+  if run.prefilter is not None:  # the same prompts are skipped as without the restart
+    run.prefilter.restore(meta["prefilter"])
   run.sampler.update_params(multihost.sampler_params(run.state.params))
   print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
   return meta["results"], meta["metrics_records"]

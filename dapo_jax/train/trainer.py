@@ -35,6 +35,7 @@ from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import recovery
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
 from dapo_jax.train import state as state_lib
+from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train.train_step import LossOptions, logprobs, train_step
 
 class TooManyBadSteps(RuntimeError):
@@ -65,6 +66,7 @@ class Run:
   first_length: float | None = None
   # Response lengths by rollout step, for algo.overlong_adaptive (not checkpointed).
   length_history: dict = dataclasses.field(default_factory=dict)
+  prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
 
 
 def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
@@ -108,7 +110,8 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   ref_params = jax.tree.map(jnp.copy, params) if a.kl_coef > 0 else None
   return Run(cfg=cfg, workdir=workdir, mesh=mesh, task=task, graphdef=graphdef,
              model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
-             ref_params=ref_params)
+             ref_params=ref_params,
+             prefilter=prefilter_lib.from_config(a, seed=cfg.seed, num_processes=pcount))
 
 
 def _overlong_cache_len(run: Run) -> int:
@@ -128,6 +131,8 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
   local = num_prompts // pcount
   if len(batch.prompt_ids) != local:
     raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {local}")
+  if run.prefilter is not None:  # drop prompts recorded as all-correct / all-wrong
+    batch = run.prefilter.select(batch, step=run.step)
   r = cfg.rollout
   rollout = run.sampler.sample_groups(
       batch.prompt_ids, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
@@ -142,6 +147,8 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
   if a.overlong_adaptive:  # every host's lengths, so every host computes the same ramp
     run.length_history = overlong.record_lengths(
         run.length_history, step=run.step, lengths=out.lengths, window=a.overlong_adaptive_window)
+  if run.prefilter is not None:
+    run.prefilter.observe(out, step=run.step)
   return out
 
 
@@ -202,6 +209,8 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
       reward_fn=get_reward_fn(run.cfg.task.reward)))
+  if run.prefilter is not None:
+    summary.update(run.prefilter.step_metrics())
   return batch, summary
 
 
@@ -274,6 +283,7 @@ def run_eval(run: Run, tag: str) -> dict:
 def _meta(run: Run) -> dict:
   return {"step": run.step, "data": run.data.state(), "bad_steps": run.bad_steps,
           "first_length": run.first_length, "seed": run.cfg.seed,
+          "prefilter": run.prefilter.state() if run.prefilter is not None else None,
           "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
 
 
