@@ -5,6 +5,7 @@ configs/ladder.py start from `base_config()` and override what differs. Every fi
 unit; dapo_jax.config.parse() rejects unknown keys and out-of-range values.
 """
 import ml_collections
+from ml_collections import config_dict
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -53,8 +54,19 @@ def base_config() -> ml_collections.ConfigDict:
       eps_low=0.2,
       eps_high=0.28,
       clip_c=10.0,              # dual-clip; 0 = off
+      loss_mode="dapo",         # core.loss_modes.MODES (gspo, cispo, sapo, ...)
       loss_agg="token-mean",
-      loss_scale_factor=0.0,    # 0 = padded response length
+      loss_scale_factor=config_dict.placeholder(float),  # tokens; None = rollout.max_new_tokens
+      # Other loss modes' parameters; None = the mode's paper default (core.loss_modes.MODES).
+      tau_pos=config_dict.placeholder(float),         # sapo: gate temperature, A > 0
+      tau_neg=config_dict.placeholder(float),         # sapo: gate temperature, A < 0
+      clip_cov_ratio=config_dict.placeholder(float),  # clip_cov: share of tokens detached
+      clip_cov_lb=config_dict.placeholder(float),     # clip_cov: covariance band, lower
+      clip_cov_ub=config_dict.placeholder(float),     # clip_cov: covariance band, upper
+      kl_cov_ratio=config_dict.placeholder(float),    # kl_cov: share of tokens with the KL term
+      kl_cov_coef=config_dict.placeholder(float),     # kl_cov: coefficient of |log r|
+      is_correction="none",     # off-policy correction: none | tis_token | tis_seq | mask_token | mask_seq
+      is_cap=2.0,               # IS weight cap (tis) / band [1/cap, cap] (mask)
       adv_scale_by_std=True,
       adv_eps=1e-6,
       overlong_filter=False,
@@ -81,7 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
       num_steps=20,             # rollout steps
       batch_size=16,            # prompts (groups) per step
       num_minibatches=4,        # optimizer updates per step
-      micro_batch_size=0,       # sequences per accumulation slice; 0 = whole mini-batch
+      micro_batch_size=config_dict.placeholder(int),  # sequences per slice; None = whole mini-batch
       max_bad_steps=3,          # consecutive non-finite updates before stopping
       entropy_floor=0.05,       # nats
       entropy_ceiling=4.0,      # nats

@@ -1,9 +1,11 @@
+import dataclasses
 import importlib
 
 import pytest
 
 from configs import base as base_cfg
 from dapo_jax import config as config_lib
+from dapo_jax.core import losses as core_losses
 
 
 def _tiny(arg=None):
@@ -119,3 +121,91 @@ def test_sweeps_are_data():
       {int(round(f * max_new)) for f in (0, 0.125, 0.25, 0.5)})
   with pytest.raises(ValueError, match="unknown sweep"):
     ladder.get_sweep("nope")
+
+
+@pytest.mark.parametrize("path, value, msg", [
+    ("seed", -1, "config.seed"), ("checkpoint.every_steps", -1, "checkpoint.every_steps"),
+    ("eval.every_steps", -2, "eval.every_steps"), ("eval.num_problems", -5, "eval.num_problems"),
+    ("task.num_train", -3, "task.num_train"), ("train.micro_batch_size", 0, "micro_batch_size"),
+    ("algo.loss_mode", "ppo", "algo.loss_mode"), ("algo.loss_agg", "sum", "algo.loss_agg"),
+    ("algo.tau_pos", 0.0, "algo.tau_pos"), ("algo.is_correction", "tis", "algo.is_correction"),
+    ("algo.is_cap", 1.0, "algo.is_cap"), ("algo.loss_scale_factor", -1.0, "loss_scale_factor"),
+    ("optim.b1", 1.0, "optim.b1"), ("optim.eps", 0.0, "optim.eps"),
+    ("warm_start.batch_size", 0, "warm_start.batch_size"), ("algo.adv_eps", -1e-6, "adv_eps"),
+    ("algo.entropy_coef", -0.1, "entropy_coef"), ("train.entropy_ceiling", 0.0, "entropy_ceiling"),
+    ("distributed.process_id", -2, "distributed.process_id"),
+    ("distributed.num_processes", 0, "distributed.num_processes"),
+])
+def test_range_checks_name_the_field(path, value, msg):
+  """Issue 15 item 6: every field range-checked at parse time, before JAX starts."""
+  c = _tiny()
+  if "." in path:
+    section, key = path.split(".")
+    c[section][key] = value
+  else:
+    c[path] = value
+  with pytest.raises(ValueError, match=msg):
+    config_lib.parse(c)
+
+
+def test_generation_budget_that_cannot_fill_a_batch_is_caught_up_front():
+  c = _tiny()
+  c.algo.update(gen_batch_size=4, max_gen_rounds=3, dynamic_sampling=True)  # 12 < 16 prompts
+  with pytest.raises(ValueError, match=r"algo.max_gen_rounds: .* = 12 prompts can never fill"):
+    config_lib.parse(c)
+  c.algo.max_gen_rounds = 4
+  config_lib.parse(c)
+
+
+@pytest.mark.parametrize("rollout, msg", [(dict(top_p=0.9), "top_p=0.9"),
+                                          (dict(top_k=20), "top_k=20")])
+def test_sampler_logprobs_need_the_untruncated_distribution(rollout, msg):
+  c = _tiny()
+  c.algo.old_logp_source = "sampler"
+  config_lib.parse(c)  # top_p = 1, top_k = 0: the sampler's log-probs are π_old's
+  c.rollout.update(**rollout)
+  with pytest.raises(ValueError, match=f"algo.old_logp_source: .*{msg}"):
+    config_lib.parse(c)
+  c = _tiny()
+  c.algo.update(old_logp_source="sampler", is_correction="tis_token")
+  with pytest.raises(ValueError, match="algo.is_correction"):
+    config_lib.parse(c)
+
+
+def test_derived_properties():
+  c = config_lib.parse(importlib.import_module("configs.dapo_qwen25_32b").get_config())
+  assert c.seq_len == 2048 + 20480
+  assert c.prompts_per_round == 1536 and c.minibatch_seqs == 32 * 16
+  # seq-mean-token-sum-norm divides by the generation budget unless set.
+  assert c.loss_scale_factor == 20480
+  t = _tiny()
+  t.algo.update(dynamic_sampling=False, loss_scale_factor=7.0)
+  t = config_lib.parse(t)
+  assert t.prompts_per_round == t.train.batch_size and t.loss_scale_factor == 7.0
+
+
+def test_each_loss_knob_is_declared_once():
+  """Every keyword of every loss mode is a field of AlgoCfg (same name; kl_cov's kl_coef is
+  kl_cov_coef), so the train step reads the config directly; None = the paper default."""
+  from dapo_jax.core.loss_modes import MODES  # pylint: disable=import-outside-toplevel
+  base = config_lib.parse(_tiny())
+  for mode, spec in MODES.items():
+    a = dataclasses.replace(base.algo, loss_mode=mode)
+    params = a.loss_params()
+    assert set(spec.defaults) <= set(params), mode
+    resolved = core_losses.resolve_params(mode, params)
+    assert set(resolved) == set(spec.defaults), mode
+  c = _tiny()
+  c.algo.update(loss_mode="sapo", tau_pos=0.5)
+  a = config_lib.parse(c).algo
+  assert core_losses.resolve_params("sapo", a.loss_params()) == dict(tau_pos=0.5, tau_neg=1.05)
+
+
+def test_optional_fields_accept_none_or_their_type():
+  c = _tiny()
+  c.train.micro_batch_size = 64
+  assert config_lib.parse(c).train.micro_batch_size == 64
+  d = _tiny().to_dict()
+  d["train"]["micro_batch_size"] = 2.5
+  with pytest.raises(ValueError, match="train.micro_batch_size: expected an int"):
+    config_lib.parse(d)

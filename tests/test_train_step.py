@@ -1,32 +1,42 @@
-"""train_step: exact micro-batch accumulation, mesh == no mesh, NaN skipping, golden metrics."""
+"""train_step: exact micro-batch accumulation, mesh == no mesh, NaN skipping, lr, golden metrics."""
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from dapo_jax import config as config_lib
 from dapo_jax import sharding
+from dapo_jax.core import losses
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
-from dapo_jax.train.train_step import LossOptions, train_step
+from dapo_jax.train.train_step import train_step
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, logits_chunk=64)
+S, P_LEN = 12, 4  # row length (prompt + response) and prompt length of the test batch
 
 
-def _opts(**kw):
-  base = dict(eps_low=0.2, eps_high=0.28, clip_c=10.0, agg="token-mean", loss_scale_factor=None,
-              kl_coef=0.0, kl_kind="k3", entropy_coef=0.0, temperature=1.0, micro_batch_size=0)
-  base.update(kw)
-  return LossOptions(**base)
+def _cfg(micro_batch_size=None, max_new_tokens=S - P_LEN, **algo):
+  """A validated Config: the test optimizer's settings, 1 update per step, and `algo` overrides."""
+  c = importlib.import_module("configs.tiny_cpu").get_config()
+  c.optim.update(lr=1e-2, warmup_steps=2, weight_decay=0.1, grad_clip=1.0)
+  c.train.update(batch_size=1, num_minibatches=1)
+  c.train.micro_batch_size = micro_batch_size
+  c.rollout.update(temperature=1.0, max_new_tokens=max_new_tokens)
+  c.algo.update(eps_low=0.2, eps_high=0.28, clip_c=10.0, loss_agg="token-mean", kl_coef=0.0,
+                entropy_coef=0.0, overlong_cache_len=0)
+  for key, v in algo.items():
+    c.algo[key] = v
+  return config_lib.parse(c)
 
 
-def _batch(B=16, S=12, seed=0):
+def _batch(B=16, seed=0):
   rng = np.random.default_rng(seed)
-  P_len, lengths = 4, rng.integers(1, S - 4 + 1, B)
+  P_len, lengths = P_LEN, rng.integers(1, S - P_LEN + 1, B)
   tokens = rng.integers(1, CFG.vocab_size, (B, S)).astype(np.int32)
   pos = np.arange(S)[None]
   attn = (pos < (P_len + lengths)[:, None]).astype(np.float32)
@@ -37,14 +47,17 @@ def _batch(B=16, S=12, seed=0):
           "ref_logp": (rng.normal(-3.5, 0.3, (B, S)) * loss_mask).astype(np.float32)}
 
 
-def _setup(seed=0):
+def _setup(seed=0, cfg=None):
+  cfg = cfg or _cfg()
   graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(seed)))
-  opt = state_lib.make_optimizer(lr=1e-2, warmup_updates=2, weight_decay=0.1, grad_clip=1.0)
+  o = cfg.optim
+  opt = state_lib.make_optimizer(lr=o.lr, warmup_updates=cfg.warmup_updates,
+                                 weight_decay=o.weight_decay, grad_clip=o.grad_clip)
   return graphdef, state_lib.create(params, opt), opt
 
 
-def _step(graphdef, opt, opts):
-  return jax.jit(functools.partial(train_step, graphdef=graphdef, optimizer=opt, opts=opts))
+def _step(graphdef, opt, cfg):
+  return jax.jit(functools.partial(train_step, graphdef=graphdef, optimizer=opt, cfg=cfg))
 
 
 def _close(a, b, tol):
@@ -52,29 +65,100 @@ def _close(a, b, tol):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
-def test_microbatch_accumulation_equals_full_batch(agg):
-  graphdef, state, opt = _setup()
-  batch = _batch()
-  full, m_full = _step(graphdef, opt, _opts(agg=agg))(state, batch)
-  graphdef, state, opt = _setup()
-  acc, m_acc = _step(graphdef, opt, _opts(agg=agg, micro_batch_size=4))(state, batch)
-  _close(full.params, acc.params, 2e-6)
-  for k in ("loss", "grad_norm", "clipfrac", "approx_kl", "ratio_mean", "ratio_max"):
+def _assert_same_update(batch, cfg_full, cfg_micro, tol=2e-6):
+  graphdef, state, opt = _setup(cfg=cfg_full)
+  full, m_full = _step(graphdef, opt, cfg_full)(state, batch)
+  graphdef, state, opt = _setup(cfg=cfg_micro)
+  acc, m_acc = _step(graphdef, opt, cfg_micro)(state, batch)
+  _close(full.params, acc.params, tol)
+  for k in ("loss", "grad_norm", "clipfrac", "approx_kl", "ratio_mean", "ratio_max",
+            "selected_frac", "upclip_prob_mean"):
     assert float(m_full[k]) == pytest.approx(float(m_acc[k]), rel=1e-5, abs=1e-7), k
+  return m_full
+
+
+@pytest.mark.parametrize("agg", losses.AGG_MODES)
+def test_microbatch_accumulation_equals_full_batch(agg):
+  batch = _batch()
+  batch["loss_mask"][[3, 9]] = 0.0  # fully masked rows: they must not count as sequences
+  _assert_same_update(batch, _cfg(loss_agg=agg), _cfg(loss_agg=agg, micro_batch_size=4))
+
+
+@pytest.mark.parametrize("mode, agg", [
+    ("gspo", "seq-mean-token-mean"), ("clip_cov", "token-mean"), ("kl_cov", "token-mean")])
+def test_microbatch_equals_full_batch_for_loss_modes(mode, agg):
+  """Clip-Cov / KL-Cov select over the whole mini-batch: the micro-batched update is the same.
+  The ratios are large enough that the selection ratios below pick several tokens."""
+  kw = dict(loss_mode=mode, loss_agg=agg, eps_low=0.2, eps_high=0.2)
+  if mode == "clip_cov":
+    kw.update(clip_cov_ratio=0.2, clip_cov_lb=-1e3, clip_cov_ub=1e3)
+  if mode == "kl_cov":
+    kw.update(kl_cov_ratio=0.1)
+  m = _assert_same_update(_batch(seed=4), _cfg(**kw), _cfg(micro_batch_size=4, **kw))
+  if mode in ("clip_cov", "kl_cov"):
+    assert float(m["selected_frac"]) > 0.05
+
+
+def test_strided_microbatches_and_off_policy_correction():
+  batch = _batch(seed=5)
+  rng = np.random.default_rng(0)
+  batch["behav_logp"] = batch["old_logp"] + rng.normal(0, 0.5, batch["old_logp"].shape).astype(
+      np.float32) * batch["loss_mask"]
+  for kind in ("tis_token", "mask_seq"):
+    kw = dict(is_correction=kind, is_cap=1.5)
+    m = _assert_same_update(batch, _cfg(**kw), _cfg(micro_batch_size=2, **kw))
+    assert 0 < float(m["is_corrected_frac"]) < 1
+    assert float(m["is_logp_diff_abs_mean"]) > 0.1
+  with pytest.raises(ValueError, match="behav_logp"):
+    graphdef, state, opt = _setup()
+    del batch["behav_logp"]
+    _step(graphdef, opt, _cfg(is_correction="tis_seq"))(state, batch)
+
+
+def test_sum_norm_divides_by_the_generation_budget_not_the_row_length():
+  """seq-mean-token-sum-norm's default divisor is rollout.max_new_tokens (the response budget);
+  it was the row length (prompt + response) before."""
+  batch = _batch(seed=2)
+  graphdef, state, opt = _setup()
+  default = _step(graphdef, opt, _cfg(loss_agg="seq-mean-token-sum-norm", max_new_tokens=6))
+  explicit = _step(graphdef, opt, _cfg(loss_agg="seq-mean-token-sum-norm", max_new_tokens=6,
+                                       loss_scale_factor=6.0))
+  row = _step(graphdef, opt, _cfg(loss_agg="seq-mean-token-sum-norm", max_new_tokens=6,
+                                  loss_scale_factor=float(S)))
+  got, want, by_row = (float(f(state, batch)[1]["pg_loss"]) for f in (default, explicit, row))
+  assert got == pytest.approx(want, rel=1e-6)
+  assert got == pytest.approx(by_row * S / 6, rel=1e-5)
+
+
+def test_lr_metric_is_the_rate_this_update_used():
+  """Warm-up over 2 updates: update 0 uses lr 0 (params unchanged), update 1 lr/2, then lr."""
+  graphdef, state, opt = _setup()
+  step = _step(graphdef, opt, _cfg())
+  lrs, moved = [], []
+  for i in range(3):
+    new, m = step(state, _batch(seed=i))
+    delta = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+        jax.tree.leaves(new.params), jax.tree.leaves(state.params)))
+    lrs.append(float(m["lr"]))
+    moved.append(delta)
+    state = new
+  assert lrs == pytest.approx([0.0, 5e-3, 1e-2])
+  assert moved[0] == 0.0 and moved[1] > 0
+  # Adam's step is at most ~lr per coordinate (plus decay): the rate really used.
+  assert moved[1] <= 5e-3 * 1.5 and moved[2] > moved[1]
 
 
 def test_mesh_equals_no_mesh(cpu_devices):
   graphdef, state, opt = _setup()
   batch = _batch()
-  want, m_want = _step(graphdef, opt, _opts())(state, batch)
+  want, m_want = _step(graphdef, opt, _cfg())(state, batch)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   model = nnx.merge(graphdef, state.params)
   shardings = sharding.model_shardings(model, mesh)
   graphdef, state, opt = _setup()
   state = state.replace(params=jax.device_put(state.params, shardings))
   dsh = sharding.data_sharding(mesh)
-  got, m_got = _step(graphdef, opt, _opts())(state, jax.device_put(batch, dsh))
+  got, m_got = _step(graphdef, opt, _cfg())(state, jax.device_put(batch, dsh))
   assert len(got.params["embed"].get_value().sharding.device_set) == 8
   _close(want.params, got.params, 2e-5)
   assert float(m_want["loss"]) == pytest.approx(float(m_got["loss"]), rel=1e-5)
@@ -85,19 +169,19 @@ def test_nan_skips_update_and_is_counted():
   batch = _batch()
   batch["adv"] = batch["adv"].copy()
   batch["adv"][0] = np.nan
-  new, m = _step(graphdef, opt, _opts())(state, batch)
+  new, m = _step(graphdef, opt, _cfg())(state, batch)
   assert float(m["skipped"]) == 1.0 and int(new.updates) == 0
   _close(new.params, state.params, 0)
-  _, m_ok = _step(graphdef, opt, _opts())(state, _batch())
+  _, m_ok = _step(graphdef, opt, _cfg())(state, _batch())
   assert float(m_ok["skipped"]) == 0.0
 
 
 def test_kl_and_entropy_terms_change_the_loss_only_when_on():
   graphdef, state, opt = _setup()
   batch = _batch()
-  base = _step(graphdef, opt, _opts())(state, batch)[1]
-  kl = _step(graphdef, opt, _opts(kl_coef=0.5))(state, batch)[1]
-  ent = _step(graphdef, opt, _opts(entropy_coef=0.1))(state, batch)[1]
+  base = _step(graphdef, opt, _cfg())(state, batch)[1]
+  kl = _step(graphdef, opt, _cfg(kl_coef=0.5))(state, batch)[1]
+  ent = _step(graphdef, opt, _cfg(entropy_coef=0.1))(state, batch)[1]
   assert "kl_loss" not in base and "entropy_bonus" not in base
   assert float(kl["loss"]) == pytest.approx(float(base["loss"]) + 0.5 * float(kl["kl_loss"]),
                                             rel=1e-5)
@@ -109,9 +193,9 @@ def test_without_kl_no_reference_logprobs_are_needed():
   graphdef, state, opt = _setup()
   batch = _batch()
   del batch["ref_logp"]
-  _step(graphdef, opt, _opts())(state, batch)  # would KeyError if the KL path were traced
+  _step(graphdef, opt, _cfg())(state, batch)  # would KeyError if the KL path were traced
   with pytest.raises(KeyError):
-    _step(graphdef, opt, _opts(kl_coef=0.1))(state, batch)
+    _step(graphdef, opt, _cfg(kl_coef=0.1))(state, batch)
 
 
 def test_warmup_counts_optimizer_updates():
@@ -127,7 +211,7 @@ def test_golden_metrics_two_steps():
   the batch builder above), never to make a failing refactor pass; say why in the commit.
   """
   graphdef, state, opt = _setup(seed=0)
-  step = _step(graphdef, opt, _opts())
+  step = _step(graphdef, opt, _cfg())
   got = []
   for i in range(2):
     state, m = step(state, _batch(seed=i))

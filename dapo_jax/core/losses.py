@@ -1,4 +1,5 @@
-"""The DAPO policy loss: decoupled clip (Eq. 10), dual clip, and loss aggregation (Eq. 12).
+"""The policy loss (DAPO's decoupled clip, Eq. 10, and the family in `core.loss_modes`) and the
+loss aggregation (Eq. 12).
 
 The exact token-level loss over a mini-batch that is split into micro-batches and data-parallel
 shards comes from the (sum, count) form: `loss_denominator` counts tokens (or sequences) of the
@@ -6,81 +7,77 @@ WHOLE mini-batch once, each piece calls `policy_loss(..., denominator=that)`, an
 and gradients add up to the full-batch ones exactly. Under jit with sharded inputs the sums inside
 are global, so data-parallel shards need nothing more.
 """
+import functools
+import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from dapo_jax.core import loss_modes
 from dapo_jax.core._checks import check_array, check_same_shape
+from dapo_jax.core.loss_modes import MODES
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # the reference clamps log π/π_old to ±20 before exp
 
 
+# Range of each loss parameter: (test, wording). Messages start with the parameter's name.
+_RANGES = {
+    "eps_low": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "eps_high": (lambda v: v >= 0, "must be >= 0"),
+    "clip_c": (lambda v: v is None or v > 1, "dual-clip constant must be > 1 (or None to disable)"),
+    "tau_pos": (lambda v: v > 0, "must be > 0"),
+    "tau_neg": (lambda v: v > 0, "must be > 0"),
+    "clip_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "clip_cov_lb": (lambda v: True, ""),
+    "clip_cov_ub": (lambda v: True, ""),
+    "kl_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "kl_coef": (lambda v: v >= 0, "must be >= 0"),
+}
+
+
 def check_clip_args(*, eps_low: float, eps_high: float, clip_c: float | None):
-  if not eps_low >= 0:
-    raise ValueError(f"eps_low: must be >= 0, got {eps_low}")
-  if not eps_high >= 0:
-    raise ValueError(f"eps_high: must be >= 0, got {eps_high}")
-  if clip_c is not None and not clip_c > 1:
-    raise ValueError(f"clip_c: dual-clip constant must be > 1 (or None to disable), got {clip_c}")
+  check_loss_params("dapo", dict(eps_low=eps_low, eps_high=eps_high, clip_c=clip_c))
 
 
-def check_agg(agg: str, loss_scale_factor=None):
+def resolve_params(mode: str, given: dict) -> dict:
+  """The mode's parameters: `given` where not None, else the paper default (`MODES`). The shared
+  clip keys (eps_low, eps_high, clip_c) are accepted by every mode and dropped where unused; any
+  other key the mode does not take is an error."""
+  if mode not in MODES:
+    raise ValueError(f"mode: unknown policy loss {mode!r}; expected one of {tuple(MODES)}")
+  defaults = MODES[mode].defaults
+  unknown = sorted(k for k in given if k not in defaults and k not in loss_modes.SHARED_KEYS)
+  if unknown:
+    raise ValueError(f"{unknown[0]}: not a parameter of loss mode {mode!r} (its parameters: "
+                     f"{sorted(defaults)})")
+  params = {k: given[k] if given.get(k) is not None else v for k, v in defaults.items()}
+  if mode == "dapo":  # clip_c = None means "no dual clip", not "the default"
+    params["clip_c"] = given.get("clip_c")
+  check_loss_params(mode, params)
+  return params
+
+
+def check_loss_params(mode: str, params: dict):
+  for k, v in params.items():
+    ok, wording = _RANGES[k]
+    if not ok(v):
+      raise ValueError(f"{k}: {wording} for loss mode {mode!r}, got {v}")
+  lb, ub = params.get("clip_cov_lb"), params.get("clip_cov_ub")
+  if lb is not None and ub is not None and not lb < ub:
+    raise ValueError(f"clip_cov_lb: must be < clip_cov_ub={ub}, got {lb}")
+
+
+def check_agg(agg: str, loss_scale_factor=None, mode: str = "dapo"):
   if agg not in AGG_MODES:
     raise ValueError(f"agg: unknown loss aggregation {agg!r}; expected one of {AGG_MODES}")
+  if mode in MODES and MODES[mode].sequence_level and agg.startswith("seq-mean-token-sum"):
+    raise ValueError(f"agg: {agg!r} would multiply the per-sequence loss of {mode!r} by the "
+                     "sequence length (TRL #3823); use seq-mean-token-mean (the paper) or "
+                     "token-mean (length-weighted)")
   if loss_scale_factor is not None and not loss_scale_factor > 0:
     raise ValueError(f"loss_scale_factor: must be > 0, got {loss_scale_factor}")
-
-
-def per_token_policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, eps_low: float = 0.2,
-                          eps_high: float = 0.28, clip_c: float | None = None):
-  """Per-token clipped surrogate as a loss, −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A).
-
-  adv: [B] (one advantage per sequence) or [B, T]. With clip_c, tokens with A < 0 have their loss
-  capped at −A·c (dual-clip). Returns (loss_BxT, flags) where flags are float masks of clipping
-  events per token (already multiplied by mask_BxT) and the ratio.
-  """
-  check_array(logp_BxT, "logp_BxT", ndim=2, kind="float")
-  check_array(old_logp_BxT, "old_logp_BxT", ndim=2, kind="float")
-  check_same_shape(logp_BxT, old_logp_BxT, "logp_BxT", "old_logp_BxT")
-  check_array(mask_BxT, "mask_BxT", ndim=2, kind="number")
-  check_same_shape(logp_BxT, mask_BxT, "logp_BxT", "mask_BxT")
-  check_array(adv, "adv", ndim=(1, 2), kind="float")
-  if adv.ndim == 1:
-    if adv.shape[0] != logp_BxT.shape[0]:
-      raise ValueError(f"adv: per-sequence shape {tuple(adv.shape)} does not match batch "
-                       f"{logp_BxT.shape[0]} of logp_BxT")
-    adv_BxT = jnp.broadcast_to(adv[:, None], logp_BxT.shape)
-  else:
-    check_same_shape(logp_BxT, adv, "logp_BxT", "adv")
-    adv_BxT = adv
-  check_clip_args(eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
-
-  dtype = jnp.promote_types(logp_BxT.dtype, jnp.float32)
-  mask = mask_BxT.astype(dtype)
-  adv_BxT = adv_BxT.astype(dtype)
-  log_ratio = jnp.clip(logp_BxT.astype(dtype) - old_logp_BxT.astype(dtype),
-                       -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-  ratio = jnp.exp(log_ratio)
-  unclipped = -adv_BxT * ratio
-  clipped = -adv_BxT * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  loss = jnp.maximum(unclipped, clipped)
-  neg_adv = adv_BxT < 0
-  flags = {
-      # The clip binds (its branch is the max and differs): gradient through r is zero.
-      "clipped": (clipped > unclipped),
-      "clipped_upper": (clipped > unclipped) & (adv_BxT > 0) & (ratio > 1.0 + eps_high),
-      "clipped_lower": (clipped > unclipped) & neg_adv & (ratio < 1.0 - eps_low),
-  }
-  if clip_c is not None:
-    dual_cap = -adv_BxT * clip_c
-    flags["clipped_dual"] = neg_adv & (loss > dual_cap)
-    loss = jnp.where(neg_adv, jnp.minimum(loss, dual_cap), loss)
-  else:
-    flags["clipped_dual"] = jnp.zeros_like(neg_adv)
-  flags = {k: v.astype(dtype) * mask for k, v in flags.items()}
-  return loss * mask, flags, ratio, log_ratio
 
 
 def loss_denominator(mask_BxT, *, agg: str = "token-mean"):
@@ -122,38 +119,107 @@ def aggregate(loss_BxT, mask_BxT, *, agg: str = "token-mean", loss_scale_factor=
   return jnp.where(den > 0, num / jnp.maximum(den, 1e-12), 0.0)
 
 
-def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, eps_low: float = 0.2,
-                eps_high: float = 0.28, clip_c: float | None = None, agg: str = "token-mean",
-                loss_scale_factor=None, denominator=None) -> tuple[jax.Array, dict[str, Any]]:
-  """The DAPO objective (Eq. 10 with Eq. 12's token-level sum) written as a loss to minimise.
 
+
+def _prepare(logp_BxT, old_logp_BxT, adv, mask_BxT):
+  """Checks shapes and dtypes; returns (log_ratio, logp, adv, mask) as [B, T] float arrays."""
+  check_array(logp_BxT, "logp_BxT", ndim=2, kind="float")
+  check_array(old_logp_BxT, "old_logp_BxT", ndim=2, kind="float")
+  check_same_shape(logp_BxT, old_logp_BxT, "logp_BxT", "old_logp_BxT")
+  check_array(mask_BxT, "mask_BxT", ndim=2, kind="number")
+  check_same_shape(logp_BxT, mask_BxT, "logp_BxT", "mask_BxT")
+  check_array(adv, "adv", ndim=(1, 2), kind="float")
+  if adv.ndim == 1 and adv.shape[0] != logp_BxT.shape[0]:
+    raise ValueError(f"adv: per-sequence shape {tuple(adv.shape)} does not match batch "
+                     f"{logp_BxT.shape[0]} of logp_BxT")
+  if adv.ndim == 2:
+    check_same_shape(logp_BxT, adv, "logp_BxT", "adv")
+  dtype = jnp.promote_types(logp_BxT.dtype, jnp.float32)
+  logp = logp_BxT.astype(dtype)
+  adv_BxT = jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, logp.shape).astype(dtype)
+  log_ratio = jnp.clip(logp - old_logp_BxT.astype(dtype), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return log_ratio, logp, adv_BxT, mask_BxT.astype(dtype)
+
+
+@functools.cache
+def _keywords(fn) -> tuple[str, ...]:
+  return tuple(n for n, p in inspect.signature(fn).parameters.items()
+               if p.kind is p.KEYWORD_ONLY)
+
+
+def select_tokens(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str, key=None, **params):
+  """The tokens a selecting mode (clip_cov, kl_cov) acts on, chosen over THIS whole batch:
+  call it on the full mini-batch and pass the result to every micro-batch's `policy_loss` as
+  `selected_BxT`. Deterministic for `key` (default PRNGKey(0)); no gradient flows through it."""
+  if mode not in loss_modes.SELECTORS:
+    raise ValueError(f"mode: {mode!r} selects no tokens; selecting modes: "
+                     f"{tuple(loss_modes.SELECTORS)}")
+  params = resolve_params(mode, params)
+  log_ratio, logp, adv_BxT, m = jax.tree.map(
+      jax.lax.stop_gradient, _prepare(logp_BxT, old_logp_BxT, adv, mask_BxT))
+  fn = loss_modes.SELECTORS[mode]
+  kw = {k: params[k] for k in _keywords(fn) if k != "key"}
+  return fn(log_ratio, logp, adv_BxT, m, key=jax.random.PRNGKey(0) if key is None else key, **kw)
+
+
+def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str = "dapo",
+                agg: str | None = None, eps_low: float | None = None,
+                eps_high: float | None = None, clip_c: float | None = None,
+                loss_scale_factor=None, denominator=None, weight_BxT=None, selected_BxT=None,
+                key=None, **mode_params) -> tuple[jax.Array, dict[str, Any]]:
+  """A policy loss of the family (`core.loss_modes.MODES`) as a loss to minimise.
+
+  mode: dapo (default) | gspo | gspo_token | cispo | geo_mean | sapo | gpg | clip_cov | kl_cov.
+  agg: one of AGG_MODES; None = the mode's paper aggregation. Parameters left None (eps_low,
+  eps_high, and the mode's own: tau_pos, tau_neg, clip_cov_ratio, clip_cov_lb, clip_cov_ub,
+  kl_cov_ratio, kl_coef) take the mode's paper default; for dapo, clip_c None = no dual clip.
   denominator: the `loss_denominator` of the whole mini-batch when this call sees only one
   micro-batch of it; the micro-batch losses then sum to the exact full-batch loss.
-  Returns (loss, aux): aux has clip fractions (upper, lower, dual, any), the mean probability of
-  up-clipped tokens (Fig. 3a), approx KL (mean of log π_old − log π), ratio mean / max, and the
-  masked token count; fractions and means are over this call's loss tokens.
+  weight_BxT: per-token weights (no gradient), e.g. an off-policy correction (core.offpolicy).
+  selected_BxT: for clip_cov / kl_cov, `select_tokens` of the whole mini-batch; None = select
+  from this call's batch with `key` (default PRNGKey(0)).
+  Returns (loss, aux): clip fractions (any, upper, lower, dual), the share of selected tokens,
+  the mean probability of up-clipped tokens (Fig. 3a), approx KL (mean log π_old − log π), ratio
+  mean / max and the token count; fractions and means are over this call's loss tokens.
   """
-  check_agg(agg, loss_scale_factor)
-  loss_BxT, flags, ratio, log_ratio = per_token_policy_loss(
-      logp_BxT, old_logp_BxT, adv, mask_BxT, eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
-  loss = aggregate(loss_BxT, mask_BxT, agg=agg, loss_scale_factor=loss_scale_factor,
+  params = resolve_params(mode, dict(mode_params, eps_low=eps_low, eps_high=eps_high,
+                                     clip_c=clip_c))
+  agg = MODES[mode].agg if agg is None else agg
+  check_agg(agg, loss_scale_factor, mode)
+  log_ratio, logp, adv_BxT, m = _prepare(logp_BxT, old_logp_BxT, adv, mask_BxT)
+  if MODES[mode].selects and selected_BxT is None:
+    selected_BxT = select_tokens(logp_BxT, old_logp_BxT, adv, mask_BxT, mode=mode, key=key,
+                                 **params)
+  if selected_BxT is not None:
+    check_same_shape(logp_BxT, selected_BxT, "logp_BxT", "selected_BxT")
+    params["selected_BxT"] = selected_BxT.astype(bool)
+  fn = MODES[mode].fn
+  loss_BxT, flags = fn(log_ratio, logp, adv_BxT, m, **{k: params[k] for k in _keywords(fn)})
+  if weight_BxT is not None:
+    check_same_shape(logp_BxT, weight_BxT, "logp_BxT", "weight_BxT")
+    loss_BxT = loss_BxT * jax.lax.stop_gradient(weight_BxT.astype(loss_BxT.dtype))
+  loss_BxT = loss_BxT * m
+  loss = aggregate(loss_BxT, m, agg=agg, loss_scale_factor=loss_scale_factor,
                    denominator=denominator)
-  mask = mask_BxT.astype(loss_BxT.dtype)
-  n_tok = jnp.sum(mask)
+  return loss, _aux(flags, log_ratio, logp, m)
+
+
+def _aux(flags, log_ratio, logp, m):
+  n_tok = jnp.sum(m)
   safe_n = jnp.maximum(n_tok, 1.0)
-  n_up = jnp.sum(flags["clipped_upper"])
-  prob = jnp.exp(logp_BxT.astype(loss_BxT.dtype))
-  aux = {
-      "clipfrac": jnp.sum(flags["clipped"]) / safe_n,
-      "clipfrac_upper": n_up / safe_n,
-      "clipfrac_lower": jnp.sum(flags["clipped_lower"]) / safe_n,
-      "clipfrac_dual": jnp.sum(flags["clipped_dual"]) / safe_n,
+  frac = lambda k: jnp.sum(flags[k] * m) / safe_n
+  up = flags["clipped_upper"] * m
+  n_up = jnp.sum(up)
+  ratio = jnp.exp(log_ratio)
+  return {
+      "clipfrac": frac("clipped"), "clipfrac_upper": frac("clipped_upper"),
+      "clipfrac_lower": frac("clipped_lower"), "clipfrac_dual": frac("clipped_dual"),
+      "selected_frac": frac("selected"),
       # NaN-free: 0 when no token was up-clipped (the count is in aux too).
-      "upclip_prob_mean": jnp.sum(prob * flags["clipped_upper"]) / jnp.maximum(n_up, 1.0),
+      "upclip_prob_mean": jnp.sum(jnp.exp(logp) * up) / jnp.maximum(n_up, 1.0),
       "num_upclipped": n_up,
-      "approx_kl": jnp.sum(-log_ratio * mask) / safe_n,
-      "ratio_mean": jnp.sum(ratio * mask) / safe_n,
-      "ratio_max": jnp.where(n_tok > 0, jnp.max(jnp.where(mask > 0, ratio, -jnp.inf)), 0.0),
+      "approx_kl": jnp.sum(-log_ratio * m) / safe_n,
+      "ratio_mean": jnp.sum(ratio * m) / safe_n,
+      "ratio_max": jnp.where(n_tok > 0, jnp.max(jnp.where(m > 0, ratio, -jnp.inf)), 0.0),
       "num_tokens": n_tok,
   }
-  return loss, aux

@@ -1,11 +1,18 @@
 """The per-step maths: one optimizer update on a mini-batch, and the log-prob pass.
 
-`train_step` is a pure function of (state, minibatch); the trainer jits it once with the mesh's
-shardings and donates the state. The mini-batch may be split into micro-batches (gradient
-accumulation); the loss denominator is counted once over the whole mini-batch first, so the
-update equals the one computed on the full mini-batch (core.losses' (sum, count) form).
+`train_step(state, minibatch, *, graphdef, optimizer, cfg)` is a pure function; every loss knob
+is read from the frozen `Config` (`cfg.algo`, nothing re-declared here). The trainer jits it
+once with explicit shardings and donates the state. The mini-batch may be split into k
+micro-batches (gradient accumulation, a `lax.scan`); micro-batch i holds rows i, i+k, i+2k, …, so
+each one spans the data shards of a batch-sharded mini-batch. Everything that needs the WHOLE
+mini-batch is computed before the split: the loss denominator (core.losses' (sum, count) form),
+the off-policy correction, and the tokens Clip-Cov / KL-Cov select. The update therefore equals
+the one computed on the full mini-batch (tested).
+
+Mini-batch keys: tokens, attn_mask, loss_mask, old_logp [B, S], adv [B]; ref_logp when
+algo.kl_coef > 0; behav_logp (the sampler's log-probs) when algo.is_correction != "none" (with
+it the mismatch metrics are reported whatever the correction).
 """
-import dataclasses
 from typing import Any
 
 import jax
@@ -13,32 +20,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from dapo_jax.core import losses, stats
+from dapo_jax.config import Config
+from dapo_jax.core import losses, offpolicy, stats
 from dapo_jax.models.qwen2 import token_logprobs
+from dapo_jax.train import state as state_lib
 from dapo_jax.train.state import TrainState
-
-
-@dataclasses.dataclass(frozen=True)
-class LossOptions:
-  """The static loss settings (hashable, so a jitted step is specialised on them)."""
-  eps_low: float
-  eps_high: float
-  clip_c: float | None
-  agg: str
-  loss_scale_factor: float | None
-  kl_coef: float
-  kl_kind: str
-  entropy_coef: float
-  temperature: float
-  micro_batch_size: int  # sequences; 0 = the whole mini-batch at once
-
-  @classmethod
-  def from_config(cls, cfg) -> "LossOptions":
-    a = cfg.algo
-    return cls(eps_low=a.eps_low, eps_high=a.eps_high, clip_c=a.clip_c or None,
-               agg=a.loss_agg, loss_scale_factor=a.loss_scale_factor or None,
-               kl_coef=a.kl_coef, kl_kind=a.kl_kind, entropy_coef=a.entropy_coef,
-               temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size)
 
 
 def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float = 1.0,
@@ -49,81 +35,120 @@ def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float 
                         with_entropy=with_entropy)
 
 
-def _objective(params, graphdef, mb, denominator, opts: LossOptions):
+def _objective(params, graphdef, mb, denominator, cfg: Config):
+  a = cfg.algo
   model = nnx.merge(graphdef, params)
-  need_entropy = opts.entropy_coef > 0
-  logp, ent = token_logprobs(model, mb["tokens"], mb["attn_mask"], temperature=opts.temperature,
-                             with_entropy=need_entropy)
+  need_entropy = a.entropy_coef > 0
+  logp, ent = token_logprobs(model, mb["tokens"], mb["attn_mask"],
+                             temperature=cfg.rollout.temperature, with_entropy=need_entropy)
   mask = mb["loss_mask"]
+  agg = dict(agg=a.loss_agg, loss_scale_factor=cfg.loss_scale_factor, denominator=denominator)
   pg_loss, aux = losses.policy_loss(
-      logp, mb["old_logp"], mb["adv"], mask, eps_low=opts.eps_low, eps_high=opts.eps_high,
-      clip_c=opts.clip_c, agg=opts.agg, loss_scale_factor=opts.loss_scale_factor,
-      denominator=denominator)
+      logp, mb["old_logp"], mb["adv"], mask, mode=a.loss_mode, weight_BxT=mb.get("is_weight"),
+      selected_BxT=mb.get("selected"), **agg, **a.loss_params())
   total = pg_loss
   aux = dict(aux, pg_loss=pg_loss)
-  if opts.kl_coef > 0:  # not even traced when off: no reference forward exists then
-    kl_BxT = stats.kl_estimate(logp, mb["ref_logp"], kind=opts.kl_kind) * mask
-    kl = losses.aggregate(kl_BxT, mask, agg=opts.agg, loss_scale_factor=opts.loss_scale_factor,
-                          denominator=denominator)
-    total = total + opts.kl_coef * kl
+  if a.kl_coef > 0:  # not even traced when off: no reference forward exists then
+    kl = losses.aggregate(stats.kl_estimate(logp, mb["ref_logp"], kind=a.kl_kind) * mask, mask,
+                          **agg)
+    total = total + a.kl_coef * kl
     aux["kl_loss"] = kl
   if need_entropy:
-    ent_loss = losses.aggregate(ent * mask, mask, agg=opts.agg,
-                                loss_scale_factor=opts.loss_scale_factor, denominator=denominator)
-    total = total - opts.entropy_coef * ent_loss
+    ent_loss = losses.aggregate(ent * mask, mask, **agg)
+    total = total - a.entropy_coef * ent_loss
     aux["entropy_bonus"] = ent_loss
   return total, aux
 
 
-_MEAN_AUX = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "approx_kl",
-             "ratio_mean")
+_MEAN_AUX = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "selected_frac",
+             "approx_kl", "ratio_mean")
 
 
-def _combine_aux(aux_list):
-  """Micro-batch aux -> mini-batch aux: token-weighted means, sums of sums, max of max."""
-  n = sum(a["num_tokens"] for a in aux_list)
-  safe = jnp.maximum(n, 1.0)
-  out = {k: sum(a[k] * a["num_tokens"] for a in aux_list) / safe for k in _MEAN_AUX}
-  n_up = sum(a["num_upclipped"] for a in aux_list)
-  out["upclip_prob_mean"] = sum(a["upclip_prob_mean"] * a["num_upclipped"]
-                                for a in aux_list) / jnp.maximum(n_up, 1.0)
+def _combine_aux(aux):
+  """Stacked [k] micro-batch aux -> mini-batch aux: token-weighted means (up-clipped-token
+  weighted for their mean probability), sums of the global-denominator losses, max of max."""
+  n = jnp.sum(aux["num_tokens"])
+  out = {k: jnp.sum(aux[k] * aux["num_tokens"]) / jnp.maximum(n, 1.0) for k in _MEAN_AUX}
+  n_up = jnp.sum(aux["num_upclipped"])
+  out["upclip_prob_mean"] = jnp.sum(aux["upclip_prob_mean"] * aux["num_upclipped"]) / (
+      jnp.maximum(n_up, 1.0))
   out["num_upclipped"] = n_up
-  out["ratio_max"] = jnp.max(jnp.stack([a["ratio_max"] for a in aux_list]))
+  out["ratio_max"] = jnp.max(aux["ratio_max"])
   out["num_tokens"] = n
   for k in ("pg_loss", "kl_loss", "entropy_bonus"):  # already divided by the global count
-    if k in aux_list[0]:
-      out[k] = sum(a[k] for a in aux_list)
+    if k in aux:
+      out[k] = jnp.sum(aux[k])
   return out
 
 
-def loss_and_grad(params, graphdef, minibatch, opts: LossOptions):
-  """(loss, grads, aux) over the whole mini-batch, accumulated over micro-batches if asked."""
-  denominator = losses.loss_denominator(minibatch["loss_mask"], agg=opts.agg)
-  grad_fn = jax.value_and_grad(_objective, has_aux=True)
+def _split(x, k: int):
+  """[B, ...] -> [k, B/k, ...] with micro-batch i = rows i, i+k, i+2k, … (strided)."""
+  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _unsplit(x):
+  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def _off_policy(minibatch, cfg: Config):
+  """The sampler-vs-trainer correction over the whole mini-batch (core.offpolicy)."""
+  a = cfg.algo
+  if "behav_logp" not in minibatch:
+    if a.is_correction != "none":
+      raise ValueError(f"config.algo.is_correction={a.is_correction!r} needs the sampler's "
+                       "log-probs in the mini-batch under key 'behav_logp'")
+    return minibatch, {}
+  weight, mask, aux = offpolicy.is_correction(minibatch["old_logp"], minibatch["behav_logp"],
+                                              minibatch["loss_mask"], kind=a.is_correction,
+                                              cap=a.is_cap)
+  mb = dict(minibatch, loss_mask=mask)
+  if a.is_correction.startswith("tis"):
+    mb["is_weight"] = weight
+  return mb, aux
+
+
+def _select(params, graphdef, mb, k: int, cfg: Config, key):
+  """Clip-Cov / KL-Cov token selection from a no-gradient log-prob pass over the mini-batch."""
+  a = cfg.algo
+  fwd = lambda m: logprobs(graphdef, params, m["tokens"], m["attn_mask"],
+                           temperature=cfg.rollout.temperature, with_entropy=False)[0]
+  split = {n: _split(mb[n], k) for n in ("tokens", "attn_mask")}
+  logp = jax.lax.stop_gradient(_unsplit(jax.lax.map(fwd, split)))
+  return losses.select_tokens(logp, mb["old_logp"], mb["adv"], mb["loss_mask"],
+                              mode=a.loss_mode, key=key, **a.loss_params())
+
+
+def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None):
+  """(loss, grads, aux) over the whole mini-batch, accumulated over micro-batches if asked.
+  key: for Clip-Cov's random pick (default PRNGKey(cfg.seed))."""
   B = minibatch["tokens"].shape[0]
-  mbs = opts.micro_batch_size or B
+  mbs = cfg.train.micro_batch_size or B
   if B % mbs:
     raise ValueError(f"micro_batch_size: {mbs} does not divide the mini-batch of {B} sequences")
   k = B // mbs
-  if k == 1:
-    (loss, aux), grads = grad_fn(params, graphdef, minibatch, denominator, opts)
-    return loss, grads, _combine_aux([aux])
-  # A Python loop (unrolled in the trace) keeps each slice's activations separate; k is small.
-  loss, grads, auxes = 0.0, None, []
-  for i in range(k):
-    mb = jax.tree.map(lambda x, i=i: x[i * mbs:(i + 1) * mbs], minibatch)
-    (l, aux), g = grad_fn(params, graphdef, mb, denominator, opts)
-    loss = loss + l
-    grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-    auxes.append(aux)
-  return loss, grads, _combine_aux(auxes)
+  mb, is_aux = _off_policy(minibatch, cfg)
+  denominator = losses.loss_denominator(mb["loss_mask"], agg=cfg.algo.loss_agg)
+  if losses.MODES[cfg.algo.loss_mode].selects:
+    key = jax.random.PRNGKey(cfg.seed) if key is None else key
+    mb = dict(mb, selected=_select(params, graphdef, mb, k, cfg, key))
+  grad_fn = jax.value_and_grad(_objective, has_aux=True)
+
+  def body(carry, mb_i):
+    (l, aux), g = grad_fn(params, graphdef, mb_i, denominator, cfg)
+    return (carry[0] + l, jax.tree.map(jnp.add, carry[1], g)), aux
+
+  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), aux = jax.lax.scan(body, zeros, jax.tree.map(lambda x: _split(x, k), mb))
+  return loss, grads, dict(_combine_aux(aux), **is_aux)
 
 
 def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimizer,
-               opts: LossOptions):
+               cfg: Config):
   """One optimizer update. A non-finite loss or gradient leaves params and optimizer untouched
-  (the update is skipped and reported as `skipped` = 1)."""
-  loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, opts)
+  (the update is skipped and reported as `skipped` = 1). `lr` is the learning rate this update
+  used (cfg.optim's schedule at the count of applied updates, which the optimizer shares)."""
+  key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state.updates)
+  loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, cfg, key=key)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
@@ -132,6 +157,7 @@ def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimi
   new_state = TrainState(updates=state.updates + finite.astype(jnp.int32),
                          params=keep(new_params, state.params),
                          opt_state=keep(new_opt, state.opt_state))
-  metrics = dict(aux, loss=loss, grad_norm=grad_norm, skipped=1.0 - finite.astype(jnp.float32))
+  lr = state_lib.lr_schedule(lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates)(state.updates)
+  metrics = dict(aux, loss=loss, grad_norm=grad_norm, lr=lr,
+                 skipped=1.0 - finite.astype(jnp.float32))
   return new_state, metrics
-

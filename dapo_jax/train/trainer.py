@@ -36,7 +36,7 @@ from dapo_jax.train import recovery
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import prefilter as prefilter_lib
-from dapo_jax.train.train_step import LossOptions, logprobs, train_step
+from dapo_jax.train.train_step import logprobs, train_step
 
 class TooManyBadSteps(RuntimeError):
   """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
@@ -177,13 +177,12 @@ def _batched_logprobs(run: Run, params, arrays, *, with_entropy: bool):
 
 
 def _jitted_train_step(run: Run):
-  opts = LossOptions.from_config(run.cfg)
   # Explicit layouts: the state keeps its (fsdp/tensor) sharding, every mini-batch array is
   # split over the batch axes, metrics come back replicated.
   state_sh = jax.tree.map(lambda x: x.sharding, run.state)
   replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
   return jax.jit(functools.partial(train_step, graphdef=run.graphdef, optimizer=run.optimizer,
-                                   opts=opts),
+                                   cfg=run.cfg),
                  in_shardings=(state_sh, sharding.data_sharding(run.mesh)),
                  out_shardings=(state_sh, replicated), donate_argnums=(0,))
 
