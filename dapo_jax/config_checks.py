@@ -1,0 +1,173 @@
+"""Range and cross-field checks of a parsed `dapo_jax.config.Config`, one helper per section.
+
+Every message names the field (`config.section.field: ...`). `config.parse` runs `validate`
+before anything imports a model or starts JAX's backends.
+"""
+import dataclasses
+from typing import TYPE_CHECKING
+
+from dapo_jax.core import losses as core_losses
+from dapo_jax.core import offpolicy as core_offpolicy
+from dapo_jax.core import stats as core_stats
+
+if TYPE_CHECKING:  # dapo_jax.config imports this module
+  from dapo_jax.config import (AlgoCfg, Config, EvalCfg, ModelCfg, OptimCfg, RolloutCfg,
+                               TaskCfg, WarmStartCfg)
+
+
+def _require(ok: bool, where: str, msg: str):
+  if not ok:
+    raise ValueError(f"config.{where}: {msg}")
+
+
+def validate(c):
+  """Ranges and cross-field constraints, one helper per section; every message names the field.
+  Runs before anything imports a model or starts JAX's backends."""
+  _require(c.seed >= 0, "seed", f"must be >= 0, got {c.seed}")
+  _validate_model(c.model)
+  _validate_task(c.task, c.warm_start)
+  _validate_rollout(c.rollout)
+  _validate_algo(c.algo, c.rollout)
+  _validate_loss(c.algo)
+  _validate_train(c)
+  _validate_optim_eval(c.optim, c.eval)
+  _validate_infra(c)
+
+
+def _positive(section, obj, *fields, allow_zero=False):
+  for f in fields:
+    v = getattr(obj, f)
+    ok = v >= 0 if allow_zero else v > 0
+    _require(ok, f"{section}.{f}", f"must be {'>=' if allow_zero else '>'} 0, got {v}")
+
+
+def _validate_model(m: "ModelCfg"):
+  _require(m.source in ("config", "hf"), "model.source", f"must be 'config' or 'hf', got {m.source!r}")
+  _require(m.source != "hf" or bool(m.hf_path), "model.hf_path", "required when model.source='hf'")
+  if m.source == "config":
+    _positive("model", m, "hidden_size", "intermediate_size", "num_layers", "num_heads",
+              "num_kv_heads", "head_dim", "rope_theta")
+    _require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+             f"{m.num_kv_heads} must divide num_heads {m.num_heads}")
+  _require(m.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from tokenizer)")
+  for f in ("dtype", "param_dtype"):
+    _require(getattr(m, f) in ("float32", "bfloat16"), f"model.{f}",
+             f"must be float32 or bfloat16, got {getattr(m, f)!r}")
+  _positive("model", m, "logits_chunk")
+
+
+def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):
+  _require(t.name in ("synthetic", "arith_nl", "dapo_math_17k"), "task.name",
+           f"unknown task {t.name!r}")
+  _positive("task", t, "max_prompt_len", "difficulty", "num_train")
+  _positive("warm_start", w, "steps", allow_zero=True)
+  _positive("warm_start", w, "batch_size", "lr")
+
+
+def _validate_rollout(r: "RolloutCfg"):
+  _require(r.group_size >= 2, "rollout.group_size", f"G must be >= 2 for group advantages, got {r.group_size}")
+  _positive("rollout", r, "max_new_tokens", "temperature")
+  _require(0 < r.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+  _require(r.top_k >= 0, "rollout.top_k", "must be >= 0")
+  _require(r.num_slots >= r.group_size, "rollout.num_slots",
+           f"{r.num_slots} slots cannot hold one group of G={r.group_size}")
+  _require(r.kv_cache_gib >= 0, "rollout.kv_cache_gib", "must be >= 0 GiB (0 = num_slots)")
+
+
+def _validate_algo(a: "AlgoCfg", r: "RolloutCfg"):
+  _require(0 <= a.overlong_cache_len <= r.max_new_tokens, "algo.overlong_cache_len",
+           f"must be in [0, rollout.max_new_tokens={r.max_new_tokens}], got {a.overlong_cache_len}")
+  _positive("algo", a, "overlong_factor", "adv_eps", "kl_coef", "entropy_coef", allow_zero=True)
+  _positive("algo", a, "gen_batch_size", "max_gen_rounds")
+  _require(0 <= a.overlong_adaptive_percentile <= 100, "algo.overlong_adaptive_percentile",
+           f"must be in [0, 100], got {a.overlong_adaptive_percentile}")
+  _require(a.overlong_adaptive_window >= 1, "algo.overlong_adaptive_window",
+           f"must be >= 1, got {a.overlong_adaptive_window}")
+  _require(a.prefilter_min_seen >= 1, "algo.prefilter_min_seen",
+           f"must be >= 1, got {a.prefilter_min_seen}")
+  _require(0 < a.prefilter_decay <= 1, "algo.prefilter_decay",
+           f"must be in (0, 1], got {a.prefilter_decay}")
+  _require(0 <= a.prefilter_margin < 0.5, "algo.prefilter_margin",
+           f"must be in [0, 0.5), got {a.prefilter_margin}")
+  _require(0 <= a.prefilter_revisit <= 1, "algo.prefilter_revisit",
+           f"must be in [0, 1], got {a.prefilter_revisit}")
+  _require(not a.prefilter or a.dynamic_sampling, "algo.prefilter",
+           "needs algo.dynamic_sampling (a round can shrink, a fixed batch cannot)")
+  _require(a.kl_kind in core_stats.KL_KINDS, "algo.kl_kind", f"must be one of {core_stats.KL_KINDS}")
+  _require(a.old_logp_source in ("recompute", "sampler"), "algo.old_logp_source",
+           "must be 'recompute' or 'sampler'")
+  # The sampler's log-probs are of the truncated (top-p / top-k) distribution it sampled from,
+  # not of the policy the loss differentiates: using them as log π_old would bias every ratio.
+  _require(a.old_logp_source != "sampler" or (r.top_p == 1 and r.top_k == 0),
+           "algo.old_logp_source", f"'sampler' needs rollout.top_p = 1 and rollout.top_k = 0 "
+           f"(got top_p={r.top_p}, top_k={r.top_k}); use 'recompute'")
+  _require(a.old_logp_source != "sampler" or a.is_correction == "none", "algo.is_correction",
+           "needs algo.old_logp_source='recompute' (with 'sampler' old and behaviour log-probs "
+           "are the same arrays: nothing to correct)")
+
+
+def _validate_loss(a: "AlgoCfg"):
+  """The loss knobs, through the checks of core.losses / core.offpolicy (one range per knob)."""
+  _require(a.clip_c == 0 or a.clip_c > 1, "algo.clip_c", f"must be 0 (off) or > 1, got {a.clip_c}")
+  _require(a.loss_mode in core_losses.MODES, "algo.loss_mode",
+           f"unknown loss mode {a.loss_mode!r}; expected one of {tuple(core_losses.MODES)}")
+  field = {"agg": "loss_agg", "mode": "loss_mode", "kl_coef": "kl_cov_coef"}
+  try:
+    for mode in core_losses.MODES:  # every knob, also those of modes not in use
+      params = dataclasses.replace(a, loss_mode=mode).loss_params()
+      core_losses.check_loss_params(mode, {k: v for k, v in params.items() if v is not None})
+    core_losses.resolve_params(a.loss_mode, a.loss_params())
+    core_losses.check_agg(a.loss_agg, a.loss_scale_factor, a.loss_mode)
+    core_offpolicy.check_is_args(a.is_correction, a.is_cap)
+  except ValueError as err:
+    name, msg = str(err).split(":", 1)
+    raise ValueError(f"config.algo.{field.get(name, name)}:{msg}") from None
+
+
+def _validate_train(c: "Config"):
+  t, a = c.train, c.algo
+  _positive("train", t, "num_steps", allow_zero=True)
+  _positive("train", t, "batch_size", "max_bad_steps", "length_growth_warn")
+  _require(t.num_minibatches > 0 and t.batch_size % t.num_minibatches == 0,
+           "train.num_minibatches",
+           f"batch_size {t.batch_size} prompts must divide into {t.num_minibatches} mini-batches")
+  seqs = c.minibatch_seqs
+  mbs = t.micro_batch_size
+  _require(mbs is None or (mbs > 0 and seqs % mbs == 0), "train.micro_batch_size",
+           f"must be None or divide the mini-batch of {seqs} sequences, got {mbs}")
+  _require(0 <= t.entropy_floor < t.entropy_ceiling, "train.entropy_ceiling",
+           f"need 0 <= entropy_floor ({t.entropy_floor}) < entropy_ceiling ({t.entropy_ceiling})")
+  budget = a.gen_batch_size * a.max_gen_rounds
+  _require(not a.dynamic_sampling or budget >= t.batch_size, "algo.max_gen_rounds",
+           f"algo.gen_batch_size x max_gen_rounds = {budget} prompts can never fill a batch of "
+           f"train.batch_size={t.batch_size} groups")
+
+
+def _validate_optim_eval(o: "OptimCfg", e: "EvalCfg"):
+  _positive("optim", o, "lr", "eps")
+  _positive("optim", o, "warmup_steps", "weight_decay", "grad_clip", allow_zero=True)
+  for f in ("b1", "b2"):
+    _require(0 <= getattr(o, f) < 1, f"optim.{f}", f"must be in [0, 1), got {getattr(o, f)}")
+  _positive("eval", e, "num_samples", "temperature")
+  _require(0 < e.top_p <= 1, "eval.top_p", f"must be in (0, 1], got {e.top_p}")
+  _positive("eval", e, "every_steps", "num_problems", "bootstrap_samples", allow_zero=True)
+
+
+def _validate_infra(c: "Config"):
+  for f in ("data", "fsdp", "tensor"):
+    v = getattr(c.mesh, f)
+    _require(v == -1 or v >= 1, f"mesh.{f}", f"must be -1 or >= 1, got {v}")
+  _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
+           "at most one axis may be -1")
+  _positive("checkpoint", c.checkpoint, "keep")
+  phrases = c.log.reflection_phrases.split(",") if c.log.reflection_phrases.strip() else []
+  _require(all(p.strip() for p in phrases), "log.reflection_phrases",
+           f"empty phrase in {c.log.reflection_phrases!r} (stray comma?)")
+  _positive("checkpoint", c.checkpoint, "every_steps", allow_zero=True)
+  d = c.distributed
+  _require(d.num_processes == -1 or d.num_processes >= 1, "distributed.num_processes",
+           f"must be -1 (from the environment) or >= 1, got {d.num_processes}")
+  _require(d.process_id == -1 or (d.process_id >= 0 and (d.num_processes == -1
+                                                          or d.process_id < d.num_processes)),
+           "distributed.process_id",
+           f"must be -1 or in [0, num_processes={d.num_processes}), got {d.process_id}")
