@@ -105,3 +105,31 @@ def test_tokenizer_and_chat_template(imported, reference):
   assert ids[0] == im_start and text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
                                               "<|im_start|>assistant\n"), text
   assert stop_token_ids(tok, use_chat_template=True) == (im_end,)  # EOS is <|im_end|> too
+
+
+@needs_smollm2
+def test_export_generates_like_transformers(imported, tmp_path):
+  """Imported -> our model -> hf_io export -> transformers: greedy 32 tokens identical to ours."""
+  import torch
+  import transformers
+  from flax import nnx
+  from dapo_jax.models import hf_io
+  model, cfg = hf_io.load_pretrained(imported)
+  hf_io.save_pretrained(model, cfg, tmp_path, tokenizer_dir=imported)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ids = encode_prompt(tok, PROMPTS[0], use_chat_template=True)
+  logits, cache = nnx.jit(lambda m, t, n: m.prefill(t, n, cache_len=len(ids) + 32))(
+      model, jnp.asarray([ids]), jnp.asarray([len(ids)]))
+  decode = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
+  ours, pos = [], jnp.asarray([len(ids)])
+  for _ in range(32):
+    nxt = jnp.argmax(logits, axis=-1)
+    ours.append(int(nxt[0]))
+    logits, cache = decode(model, nxt, pos, cache)
+    pos = pos + 1
+  with torch.no_grad():
+    out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32, min_new_tokens=32,
+                      eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(ids),
+                                                                                  dtype=int))
+  assert ours == out[0, len(ids):].tolist(), (tok.decode(ours), tok.decode(out[0, len(ids):]))
