@@ -31,7 +31,7 @@ GROUPS = {
     "core": (["dapo_jax/core/_checks.py", "dapo_jax/core/advantages.py",
               "dapo_jax/core/filtering.py", "dapo_jax/core/overlong.py", "dapo_jax/core/stats.py"],
              ["tests/test_core_advantages.py", "tests/test_core_filtering*.py",
-              "tests/test_core_overlong.py", "tests/test_core_stats.py"]),
+              "tests/test_core_overlong*.py", "tests/test_core_stats.py"]),
     "losses": (["dapo_jax/core/losses.py", "dapo_jax/core/loss_modes.py",
                 "dapo_jax/core/offpolicy.py"],
                ["tests/test_core_losses*.py", "tests/test_mutation_losses.py"]),
@@ -39,6 +39,8 @@ GROUPS = {
     "train": (["dapo_jax/train/dynamic_sampling.py", "dapo_jax/train/groups.py"],
               ["tests/test_train_dynamic_sampling.py", "tests/test_trainer_wiring.py"]),
 }
+# Imported by tests (tests/test_rewards_fuzz.py runs experiments/fuzz_verifier.py; configs).
+ALSO_COPY = ("experiments", "configs")
 # Imported once by the fork server: module loading is shared, no jax computation has run.
 PRELOAD = ["numpy", "jax", "jax.numpy", "hypothesis", "pytest"]
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -59,12 +61,13 @@ def prepare(workdir, group):
   d = os.path.join(workdir, group)
   shutil.rmtree(d, ignore_errors=True)
   ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-  for sub in ("dapo_jax", "tests"):
+  for sub in ("dapo_jax", "tests") + ALSO_COPY:
     shutil.copytree(os.path.join(ROOT, sub), os.path.join(d, sub), ignore=ignore)
   with open(os.path.join(d, "preload.txt"), "w") as f:
     f.write("\n".join(PRELOAD) + "\n")
   cfg = ["[mutmut]", "source_paths = dapo_jax", "only_mutate =", *("  " + p for p in files),
          "pytest_add_cli_args_test_selection =", *("  " + t for t in tests),
+         "also_copy =", *("  " + a for a in ALSO_COPY),
          "process_isolation = forkserver", "forkserver_warmup = import",
          "preload_modules_file = preload.txt", "use_git_change_detection = false"]
   with open(os.path.join(d, "setup.cfg"), "w") as f:
@@ -73,7 +76,9 @@ def prepare(workdir, group):
 
 
 def _mutmut(d, args, check=True):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  # The copies live outside the repo: point the data readers at the repo's shared data.
+  shared = os.environ.get("DAPO_SHARED_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data"))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", DAPO_SHARED_DATA=shared)
   return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=d, env=env, check=check,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
 
@@ -103,8 +108,11 @@ def run_group(d, files, sample, seed, max_children):
   log = _mutmut(d, ["run", "--max-children", str(max_children), *names], check=False)
   with open(os.path.join(d, "run.log"), "w") as f:
     f.write(log)
-  codes = exit_codes(d, files)
-  return {k: v for k, v in codes.items() if not names or k in names}
+  codes = {k: v for k, v in exit_codes(d, files).items() if not names or k in names}
+  if all(code is None for _, code in codes.values()):
+    raise SystemExit(f"mutation.py: mutmut checked no mutant in {d}; its log ends:\n"
+                     + log[-2000:].replace("\r", "\n"))
+  return codes
 
 
 def summarize(codes):

@@ -55,8 +55,8 @@ def test_property_sum_to_zero(groups):
 
 
 @pytest.mark.parametrize("bad, msg", [
-    (jnp.zeros((4,)), "rewards_NxG"),
-    (jnp.zeros((4, 1)), "group size"),
+    (jnp.zeros((4,)), r"^rewards_NxG: expected rank 2, got shape \(4,\)"),
+    (jnp.zeros((4, 1)), r"^rewards_NxG: group size \(axis 1\) must be >= 2"),
 ])
 def test_bad_shapes(bad, msg):
   with pytest.raises(ValueError, match=msg):
@@ -64,10 +64,21 @@ def test_bad_shapes(bad, msg):
 
 
 def test_bad_dtype_and_eps():
-  with pytest.raises(ValueError, match="rewards_NxG"):
+  with pytest.raises(ValueError, match="^rewards_NxG: expected a number dtype"):
     advantages.group_advantages(np.array([["a", "b"]]))
-  with pytest.raises(ValueError, match="eps"):
+  with pytest.raises(ValueError, match="^eps: must be >= 0"):
     advantages.group_advantages(jnp.zeros((2, 2)), eps=-1.0)
+
+
+def test_dtype_float32_at_least_under_x64():
+  # Integer and bfloat16 rewards give float32 advantages, float64 stays float64 (x64 on, where
+  # a default-float cast would give float64 and a bf16 result would lose the mean's precision).
+  with jax.enable_x64(True):
+    for dtype, want in ((jnp.int32, jnp.float32), (jnp.bfloat16, jnp.float32),
+                        (jnp.float64, jnp.float64)):
+      adv = advantages.group_advantages(jnp.array([[1, -1, -1, -1]], dtype))
+      assert adv.dtype == want, (dtype, adv.dtype)
+      np.testing.assert_allclose(adv, [[1.5, -0.5, -0.5, -0.5]], rtol=1e-5)
 
 
 def test_mixed_groups_exact():

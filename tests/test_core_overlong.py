@@ -62,5 +62,13 @@ def test_bad_args(kw, msg):
 
 def test_overlong_mask():
   np.testing.assert_array_equal(overlong.overlong_mask(jnp.array([True, False])), [0.0, 1.0])
-  with pytest.raises(ValueError, match="truncated_B"):
+  with pytest.raises(ValueError, match="^truncated_B: expected a bool or int dtype"):
     overlong.overlong_mask(jnp.array([0.5]))
+
+
+def test_overlong_mask_is_float32_under_x64():
+  # The mask multiplies float32 losses; with x64 on, a default-float mask would be float64.
+  with jax.enable_x64(True):
+    m = overlong.overlong_mask(jnp.array([1, 0], jnp.int64))
+  assert m.dtype == jnp.float32
+  np.testing.assert_array_equal(m, [0.0, 1.0])

@@ -75,3 +75,28 @@ def test_bad_kl_kind_and_shapes():
     stats.kl_estimate(jnp.zeros((1, 2)), jnp.zeros((1, 3)))
   with pytest.raises(ValueError, match="chunk_size"):
     stats.entropy_from_logits(jnp.zeros((1, 2, 3)), chunk_size=0)
+
+
+def test_kl_default_is_k3_and_k3_clamped_above():
+  # Mutation-test kills: the default estimator and the upper clamp. k3 = e^δ − δ − 1 >= 0, so
+  # the lower clamp (−10) can never bind; δ = 5 gives e^5 − 6 ≈ 142, clamped to 10.
+  logp = jnp.array([[0.0, 0.0]])
+  ref = jnp.array([[5.0, -5.0]])  # δ = log π_ref − log π = 5, −5
+  np.testing.assert_array_equal(stats.kl_estimate(logp, ref),
+                                stats.kl_estimate(logp, ref, kind="k3"))
+  got = stats.kl_estimate(logp, ref, kind="k3")
+  assert float(got[0, 0]) == 10.0
+  assert float(got[0, 1]) == pytest.approx(np.exp(-5.0) + 5.0 - 1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("logp, ref, msg", [
+    (jnp.zeros((1, 2, 1)), jnp.zeros((1, 2)), r"^logp_BxT: expected rank 2, got shape \(1, 2, 1\)"),
+    (jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2)), "^logp_BxT: expected a float dtype"),
+    (jnp.zeros((1, 2)), jnp.zeros((2,)), r"^ref_logp_BxT: expected rank 2, got shape \(2,\)"),
+    (jnp.zeros((1, 2)), jnp.zeros((1, 2), bool), "^ref_logp_BxT: expected a float dtype"),
+    (jnp.zeros((1, 2)), jnp.zeros((1, 3)),
+     r"^ref_logp_BxT: shape \(1, 3\) does not match logp_BxT \(1, 2\)$"),
+])
+def test_kl_bad_inputs_name_the_argument(logp, ref, msg):
+  with pytest.raises(ValueError, match=msg):
+    stats.kl_estimate(logp, ref)
