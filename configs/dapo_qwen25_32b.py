@@ -6,15 +6,18 @@ COMMAND (every worker of a Cloud TPU v5p-128 pod, 64 chips; the launcher prints 
   # which runs on each worker:
   python -m dapo_jax.main --config=configs/dapo_qwen25_32b.py:hf_path=/ckpt/Qwen2.5-32B \
       --workdir=/nfs/runs/dapo32b
-EXPECTED: the paper reports AIME-24 avg@32 = 50 (verl's reproduction: 52) after several thousand
-  rollout steps; one step generates up to 512 x 16 x 20,480 tokens. Not run here: this machine
-  has no accelerator and no network for the checkpoint. Settings follow ../shared/PAPER.md.
+EXPECTED: the paper reports AIME-24 avg@32 = 50 (verl's reproduction: 52) after ~6,000 gradient
+  updates (its figures' "steps") = ~375 rollout steps; one step generates up to 512 x 16 x 20,480
+  tokens. Not run here: this machine has no accelerator and no network for the checkpoint.
+  Settings follow ../shared/PAPER.md. Fit and cost on a TPU slice, checked on CPU:
+  python -m dapo_jax.aot --config=configs/dapo_qwen25_32b.py --topology=v5p-128 (docs/scale.md)
 """
 from configs.base import base_config, parse_arg
 
 
 def get_config(arg=None):
-  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=3000)
+  # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (verl issues 795, 1643).
+  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375)
   c = base_config()
   c.model.source = "hf"                 # Qwen2.5-32B base, a local HF checkpoint directory
   c.model.hf_path = opts["hf_path"]
@@ -44,7 +47,7 @@ def get_config(arg=None):
   c.algo.gen_batch_size = 1536          # prompts per generation round
   c.algo.max_gen_rounds = 10
   c.algo.kl_coef = 0.0
-  c.train.num_steps = opts["steps"]     # rollout steps
+  c.train.num_steps = opts["steps"]     # rollout steps (16 gradient updates each)
   c.train.batch_size = 512              # prompts
   c.train.num_minibatches = 16          # 32 prompts x 16 = 512 responses per update
   c.train.micro_batch_size = 16         # sequences per accumulation slice (1 per batch shard)

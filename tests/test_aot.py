@@ -135,3 +135,27 @@ def test_compiles_for_tpu(tmp_path, topo, extra):
 def test_clear_errors(tmp_path, args, msg):
   p, _ = _aot(tmp_path, "--config=configs/tiny_cpu.py", *args)
   assert p.returncode == 2 and msg in p.stderr, p.stderr[-2000:]
+
+
+# ---- launch.py: one check per distinct compile, refusal ------------------------------------
+def test_launch_checks_each_distinct_compile_and_refuses(tmp_path, monkeypatch):
+  sys.path.insert(0, os.path.join(REPO, "experiments"))
+  import launch  # pylint: disable=import-outside-toplevel
+  spec = lambda name, ov: launch.RunSpec(name, "configs/x.py", ov, str(tmp_path / name))
+  eps = [spec(f"e{i}", {"algo.eps_high": str(e), "seed": "1"}) for i, e in enumerate((0.2, 0.3))]
+  lens = [spec(f"l{n}", {"rollout.max_new_tokens": str(n)}) for n in (32, 64)]
+  assert launch.aot_key(eps[0]) == launch.aot_key(eps[1])
+  assert launch.aot_key(lens[0]) != launch.aot_key(lens[1])
+  calls = []
+
+  def fake_run(cmd, **_):
+    calls.append(cmd)
+    rc = 1 if "--config.rollout.max_new_tokens=64" in cmd else 0
+    return subprocess.CompletedProcess(cmd, rc, stdout="step peak per chip: ...", stderr="")
+
+  monkeypatch.setattr(launch.subprocess, "run", fake_run)
+  assert launch.aot_check(eps + lens, "v5p-8") == ["l64"]
+  assert len(calls) == 3 and all("--topology=v5p-8" in c for c in calls)
+  with pytest.raises(SystemExit):  # a real tpu-pod launch needs the slice for the check
+    launch.main(["--config=configs/dapo_qwen25_32b.py", "--backend=tpu-pod", "--tpu_name=p",
+                 "--zone=z", f"--workdir={tmp_path}"])

@@ -14,17 +14,24 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu must not probe for attac
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-def check(cfg, topology_name: str, *, steps_per_call: int = 16) -> dict:
-  """The report of `cfg` (a parsed Config) on a slice, as a JSON-able dict."""
+def check(cfg, topology_name: str, *, steps_per_call: int = 16, only=()) -> dict:
+  """The report of `cfg` (a parsed Config) on a slice, as a JSON-able dict; `only` names a
+  subset of the functions to compile (the verdict then covers that subset)."""
   from dapo_jax.aot import functions, report, topology  # pylint: disable=import-outside-toplevel
   sl = topology.parse(topology_name)
   devices = topology.devices(sl)
   plan = functions.build_plan(cfg, devices, hosts=sl.hosts, steps_per_call=steps_per_call)
+  names = [job.name for job in plan.jobs]
+  unknown = sorted(set(only) - set(names))
+  if unknown:
+    raise ValueError(f"--functions: unknown {unknown}; known: {names}")
+  plan.jobs = [job for job in plan.jobs if not only or job.name in only]
   rows = []
   for job in plan.jobs:  # one at a time, with progress: a 32B compile takes tens of seconds
     rows.append(report.compile_job(job))
     print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s", flush=True)
   summary = report.summarize(rows, plan.buffers, sl.hbm_bytes)
   return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary,
+          "partial": len(plan.jobs) < len(names),
           "functions": rows, "resident_buffers": plan.buffers, **plan.info,
           "table": report.table(rows, summary, plan.buffers)}

@@ -13,6 +13,8 @@ from ml_collections import config_flags  # noqa: E402
 flags.DEFINE_string("topology", None, "TPU slice, e.g. v5p-128, v5e-256, v6e-64, v4-128.")
 flags.DEFINE_string("json", None, "Write the report here as JSON.")
 flags.DEFINE_integer("steps_per_call", 16, "Decode steps per generate call (the sampler's).")
+flags.DEFINE_list("functions", [], "Compile only these (e.g. train_step,old_logprobs); "
+                  "default all. The verdict then covers only them.")
 flags.DEFINE_string("cache_dir", os.path.expanduser("~/.cache/dapo_jax/aot"),
                     "Persistent compilation cache (a rerun that changes one function recompiles "
                     "only that one); empty = off.")
@@ -30,7 +32,8 @@ def main(argv):
     jax.config.update("jax_compilation_cache_dir", FLAGS.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   try:
-    out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call)
+    out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call,
+                    only=FLAGS.functions)
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
@@ -39,6 +42,8 @@ def main(argv):
         f"{out['trainer_mesh']}, sampler per host {out['sampler_mesh_per_host']} with "
         f"{out['sampler_slots_per_host']} slots ({out['sampler_slots_global']} in all)")
   print(out["table"])
+  if out["partial"]:
+    print(f"[aot] partial check: only {', '.join(f['name'] for f in out['functions'])}")
   if FLAGS.json:
     with open(FLAGS.json, "w", encoding="utf-8") as f:
       json.dump({k: v for k, v in out.items() if k != "table"}, f, indent=2)
