@@ -41,3 +41,14 @@ def test_record_lengths_is_pure_and_prunes_old_steps():
   h2 = overlong.record_lengths(h1, step=4, lengths=[7], window=2)
   assert [x.tolist() for x in h2[4]] == [[[5, 6]], [7]]
   assert _cache(h2, 5, window=2, max_len=10) == 4  # lengths 2, 5, 6, 7: median "higher" 6
+
+
+def test_history_state_round_trips_through_json():
+  import json  # pylint: disable=g-import-not-at-top
+  h = {3: [np.array([[1, 2], [3, 4]]), np.array([[5, 6]])], 4: [np.array([[7, 8]])]}
+  back = overlong.history_from_state(json.loads(json.dumps(overlong.history_state(h))))
+  assert back.keys() == h.keys()
+  for s in h:
+    for a, b in zip(h[s], back[s], strict=True):
+      np.testing.assert_array_equal(a, b)
+  assert _cache(back, 5, window=2, max_len=10) == _cache(h, 5, window=2, max_len=10)

@@ -50,9 +50,11 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   np.testing.assert_allclose(batch1.reward - batch1.score, penalty, atol=1e-6)
 
 
-def test_prefilter_drops_recorded_prompts_and_its_records_survive_a_restart(tmp_path):
+def test_prefilter_drops_recorded_prompts_and_records_survive_a_restart(tmp_path):
   run = trainer.build(tiny_config(**{"algo.prefilter": True, "algo.prefilter_min_seen": 1,
-                                     "algo.prefilter_revisit": 0.0}), str(tmp_path), resume=False)
+                                     "algo.prefilter_revisit": 0.0,
+                                     "algo.overlong_adaptive": True}),
+                      str(tmp_path), resume=False)
   state = run.data.state()
   upcoming = next(run.data).prompt_ids
   run.data.restore(state)
@@ -64,11 +66,12 @@ def test_prefilter_drops_recorded_prompts_and_its_records_survive_a_restart(tmp_
   assert all(run.prefilter.records[k] == prefilter.Record(1, 4.0, 4.0, 0) for k in skip)
   meta = trainer._meta(run)  # pylint: disable=protected-access
   meta |= {"results": {}, "metrics_records": 0}
-  saved = dict(run.prefilter.records)
-  run.prefilter.records = {}
+  saved, lengths = dict(run.prefilter.records), run.length_history[0][0]
+  run.prefilter.records, run.length_history = {}, {}
   ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.step, s, meta), directory="ckpt")
   recovery.start(run, ckpt, resume=True)
   assert run.prefilter.records == saved
+  np.testing.assert_array_equal(run.length_history[0][0], lengths)  # the adaptive ramp's too
 
 
 def test_prefilter_needs_dynamic_sampling():

@@ -2,14 +2,14 @@
 
 Adaptive ramp (`algo.overlong_adaptive`, beyond the paper): at rollout step s the ramp of Eq. 13
 starts at the `percentile`-th percentile (an observed length, numpy's "higher" method) of the
-response lengths generated in steps [s − window, s), i.e. L_cache = max_len − that length,
-clamped to [0, max_len]; with no lengths recorded yet (the first step, or the first after a
-resume: the history is not checkpointed) the configured L_cache is used. All rounds of a step
-share one L_cache, and the history holds lengths gathered over all hosts, so every host shapes
-rewards identically. The rule follows the policy: when lengths grow towards max_len the ramp
-narrows (fewer long, correct answers penalized); when they shrink it widens. Since the longest
-(100 − percentile) % are always on the ramp, it also pulls lengths down a little each step;
-the ablation against the fixed L_cache is what says whether that helps.
+response lengths generated in steps [s − window, s), i.e. L_cache = max_len − that length, clamped
+to [0, max_len]; with no lengths recorded yet (the first step) the configured L_cache is used. The
+history goes into the checkpoint, so a resumed run uses the same ramp. All rounds of a step share
+one L_cache, and the history holds lengths gathered over all hosts, so every host shapes rewards
+identically. The rule follows the policy: when lengths grow towards max_len the ramp narrows (fewer
+long, correct answers penalized); when they shrink it widens. Since the longest (100 − percentile)
+% are always on the ramp, it also pulls lengths down a little each step; the ablation against the
+fixed L_cache is what says whether that helps.
 """
 import numbers
 from typing import Mapping
@@ -73,6 +73,16 @@ def record_lengths(history: Mapping[int, list], *, step: int, lengths, window: i
   out = {s: list(xs) for s, xs in history.items() if s >= step - window}
   out.setdefault(step, []).append(np.asarray(lengths, np.int64).copy())
   return out
+
+
+def history_state(history: Mapping[int, list]) -> dict:
+  """The length history as JSON (string step keys, nested int lists), for the checkpoint."""
+  return {str(s): [np.asarray(x).tolist() for x in xs] for s, xs in history.items()}
+
+
+def history_from_state(state: Mapping[str, list]) -> dict:
+  """Inverse of history_state."""
+  return {int(s): [np.asarray(x, np.int64) for x in xs] for s, xs in state.items()}
 
 
 def _is_int(x) -> bool:

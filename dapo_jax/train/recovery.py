@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from dapo_jax.core import overlong
 from dapo_jax.train import multihost
 
 
@@ -36,6 +37,7 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   run.data.restore(meta["data"])
   if run.prefilter is not None:  # the same prompts are skipped as without the restart
     run.prefilter.restore(meta["prefilter"])
+  run.length_history = overlong.history_from_state(meta["length_history"])
   run.sampler.update_params(multihost.sampler_params(run.state.params))
   print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
   return meta["results"], meta["metrics_records"]

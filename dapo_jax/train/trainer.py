@@ -64,7 +64,7 @@ class Run:
   step: int = 0
   bad_steps: int = 0
   first_length: float | None = None
-  # Response lengths by rollout step, for algo.overlong_adaptive (not checkpointed).
+  # Response lengths by rollout step, for algo.overlong_adaptive (checkpointed).
   length_history: dict = dataclasses.field(default_factory=dict)
   prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
 
@@ -283,6 +283,7 @@ def _meta(run: Run) -> dict:
   return {"step": run.step, "data": run.data.state(), "bad_steps": run.bad_steps,
           "first_length": run.first_length, "seed": run.cfg.seed,
           "prefilter": run.prefilter.state() if run.prefilter is not None else None,
+          "length_history": overlong.history_state(run.length_history),
           "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
 
 
