@@ -66,26 +66,31 @@ def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: b
   """
   N, G, R = groups.tokens.shape
   B = N * G
-  tokens = np.zeros((B, seq_len), np.int32)
-  attn = np.zeros((B, seq_len), np.float32)
-  loss_mask = np.zeros((B, seq_len), np.float32)
-  response_mask = np.zeros((B, seq_len), bool)
-  old_logp = np.zeros((B, seq_len), np.float32)
+  plen_N = np.asarray([len(p) for p in groups.prompts], np.int64)
+  total_NxG = plen_N[:, None] + groups.lengths
+  if (total_NxG > seq_len).any():
+    n, g = np.argwhere(total_NxG > seq_len)[0]
+    raise ValueError(f"prompt {n} ({plen_N[n]} tokens) + response ({groups.lengths[n, g]}) "
+                     f"exceed seq_len {seq_len}")
+  # Vectorised (no per-row Python): column j of row n·G + g is prompt token j, response
+  # token j − P, or padding.
+  prompt_NxP = np.zeros((N, max(int(plen_N.max()), 1)), np.int32)
+  prompt_NxP[np.arange(prompt_NxP.shape[1])[None, :] < plen_N[:, None]] = np.concatenate(
+      [np.asarray(p, np.int32).reshape(-1) for p in groups.prompts])
+  pos_BxS = np.broadcast_to(np.arange(seq_len)[None, :], (B, seq_len))
+  p_Bx1 = np.repeat(plen_N, G)[:, None]
+  is_prompt = pos_BxS < p_Bx1
+  response_mask = ~is_prompt & (pos_BxS < p_Bx1 + groups.lengths.reshape(B, 1))
+  rel_BxS = np.clip(pos_BxS - p_Bx1, 0, R - 1)
+  rows_Bx1 = np.arange(B)[:, None]
+  prompt_tok = prompt_NxP[rows_Bx1 // G, np.minimum(pos_BxS, prompt_NxP.shape[1] - 1)]
+  resp_tok = groups.tokens.reshape(B, R)[rows_Bx1, rel_BxS]
+  tokens = np.where(is_prompt, prompt_tok, np.where(response_mask, resp_tok, 0)).astype(np.int32)
+  attn = (is_prompt | response_mask).astype(np.float32)
   keep = overlong.overlong_mask(groups.truncated) if overlong_filter else np.ones((N, G))
-  keep = np.asarray(keep, np.float32)
-  for n in range(N):
-    p = groups.prompts[n]
-    P = len(p)
-    for g in range(G):
-      row, L = n * G + g, int(groups.lengths[n, g])
-      if P + L > seq_len:
-        raise ValueError(f"prompt {n} ({P} tokens) + response ({L}) exceed seq_len {seq_len}")
-      tokens[row, :P] = p
-      tokens[row, P:P + L] = groups.tokens[n, g, :L]
-      attn[row, :P + L] = 1.0
-      loss_mask[row, P:P + L] = keep[n, g]
-      response_mask[row, P:P + L] = True
-      old_logp[row, P:P + L] = groups.behav_logp[n, g, :L]
+  loss_mask = (response_mask * np.asarray(keep, np.float32).reshape(B, 1)).astype(np.float32)
+  old_logp = np.where(response_mask, groups.behav_logp.reshape(B, R)[rows_Bx1, rel_BxS],
+                      0.0).astype(np.float32)
   arrays = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp,
           "adv": np.asarray(adv_NxG, np.float32).reshape(B)}
   return arrays, response_mask
