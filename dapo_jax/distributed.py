@@ -1,9 +1,13 @@
 """Multi-host start-up (jax.distributed from the config or the environment) and fatal faults."""
 import os
 import sys
+import threading
+import time
 import traceback
 
 import jax
+
+HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
 
 
 def initialize(dcfg) -> None:
@@ -24,7 +28,25 @@ def initialize(dcfg) -> None:
     kwargs["num_processes"] = dcfg.num_processes
   if dcfg.process_id >= 0:
     kwargs["process_id"] = dcfg.process_id
-  jax.distributed.initialize(**kwargs)
+  # A dead process is declared after HEARTBEAT_S without heartbeats (JAX's default: 100 s); the
+  # watchdog then ends this one, even if it waits in a collective that never returns.
+  jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_S, **kwargs)
+  threading.Thread(target=_watchdog, name="dapo_jax_peer_watchdog", daemon=True).start()
+
+
+def _watchdog(poll_s: float = 5.0) -> None:
+  """Ends the process with a last line naming the lost process(es), once the coordination
+  service reports one (two polls in a row, so one slow answer is no death)."""
+  misses = 0
+  while True:
+    time.sleep(poll_s)
+    lost = lost_processes()
+    misses = misses + 1 if lost != [] else 0
+    if misses >= 2:
+      who = ("the coordinator (process 0) is unreachable" if lost is None else
+             f"lost process(es) {lost} (no heartbeat for {HEARTBEAT_S} s)")
+      _exit(f"error: process {jax.process_index()} of {jax.process_count()} stopped: {who}. "
+            f"Restart every process with --resume")
 
 
 def lost_processes() -> list[int] | None:
@@ -59,6 +81,10 @@ def exit_on_fault(e: BaseException) -> None:
   else:
     return
   traceback.print_exception(e)
+  _exit(line)
+
+
+def _exit(line: str) -> None:
   sys.stdout.flush()
   print(line, file=sys.stderr, flush=True)
   os._exit(1)

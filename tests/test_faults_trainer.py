@@ -114,3 +114,15 @@ def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path, reference):
   os.makedirs(tmp_path / "checkpoints" / "2")
   with pytest.raises(ValueError, match=r"holds checkpoints \(steps \[2\]\).*--resume"):
     _train(tmp_path)
+
+
+def test_unwritable_checkpoint_directory_is_the_last_line(tmp_path):
+  (tmp_path / "checkpoints").write_text("a file where the checkpoint directory goes")
+  out = subprocess.run(
+      [sys.executable, "-m", "dapo_jax.main", "--config=configs/tiny_cpu.py:runlocal=True",
+       f"--workdir={tmp_path}", "--config.log.progress=False", "--config.eval.num_problems=2"],
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+  assert out.returncode == 1, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: cannot use checkpoint directory {tmp_path}/checkpoints"), last

@@ -120,6 +120,12 @@ class Checkpointer:
     self.async_save = async_save
     self._saving = None  # the step whose save is in flight
     try:
+      # Orbax creates the directory in a background thread and only logs a failure there.
+      os.makedirs(self.directory, exist_ok=True)
+      probe = os.path.join(self.directory, ".write_probe")
+      with open(probe, "w", encoding="utf-8") as f:
+        f.write("ok")
+      os.remove(probe)
       # Always orbax's asynchronous checkpointer: its callback runs before the commit rename (a
       # synchronous save just waits). cleanup_tmp_directories drops a save cut off by a kill.
       self._mngr = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
