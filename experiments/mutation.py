@@ -36,7 +36,8 @@ GROUPS = {
     "losses": (["dapo_jax/core/losses.py", "dapo_jax/core/loss_modes.py",
                 "dapo_jax/core/offpolicy.py"],
                ["tests/test_core_losses*.py", "tests/test_mutation_losses.py"]),
-    "rewards": (["dapo_jax/rewards/*.py"], ["tests/test_rewards*.py"]),
+    "rewards": (["dapo_jax/rewards/*.py"], ["tests/test_rewards*.py",
+                                            "tests/test_mutation_rewards.py"]),
     "train": (["dapo_jax/train/dynamic_sampling.py", "dapo_jax/train/groups.py"],
               ["tests/test_train_dynamic_sampling.py", "tests/test_trainer_wiring.py"]),
 }

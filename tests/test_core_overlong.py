@@ -72,3 +72,12 @@ def test_overlong_mask_is_float32_under_x64():
     m = overlong.overlong_mask(jnp.array([1, 0], jnp.int64))
   assert m.dtype == jnp.float32
   np.testing.assert_array_equal(m, [0.0, 1.0])
+
+
+def test_adaptive_cache_len_edges():
+  # max_len = 1 is valid (the smallest positive length); 0 is not, and the error names it.
+  hist = {0: [np.array([1, 1])]}
+  assert overlong.adaptive_cache_len(hist, step=1, window=1, percentile=50.0, max_len=1,
+                                     fallback=0) == 0
+  with pytest.raises(ValueError, match=r"^max_len: must be a positive int \(tokens\), got 0$"):
+    overlong.adaptive_cache_len(hist, step=1, window=1, percentile=50.0, max_len=0, fallback=0)

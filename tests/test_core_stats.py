@@ -100,3 +100,23 @@ def test_kl_default_is_k3_and_k3_clamped_above():
 def test_kl_bad_inputs_name_the_argument(logp, ref, msg):
   with pytest.raises(ValueError, match=msg):
     stats.kl_estimate(logp, ref)
+
+
+def test_masked_stats_dtypes_under_x64_and_nan_padding():
+  # float32 in -> float32 out with x64 on (a default-float cast would give float64); an empty
+  # row is 0 even when its masked-out entries are NaN (padding), not NaN·0.
+  with jax.enable_x64(True):
+    x = jnp.array([[1.0, 3.0], [jnp.nan, 2.0]], jnp.float32)
+    m = jnp.array([[1, 1], [0, 0]], jnp.int32)
+    mean = stats.masked_mean(x, m, axis=1)
+    var = stats.masked_var(x[:1], m[:1])
+  assert mean.dtype == jnp.float32 and var.dtype == jnp.float32
+  np.testing.assert_array_equal(mean, [2.0, 0.0])
+
+
+def test_masked_var_ddof():
+  # Unbiased variance of {1, 3}: ((1-2)² + (3-2)²) / (2 - 1) = 2; biased: 1.
+  x = jnp.array([1.0, 3.0, 100.0])
+  m = jnp.array([1, 1, 0])
+  assert float(stats.masked_var(x, m, ddof=1)) == 2.0
+  assert float(stats.masked_var(x, m)) == 1.0

@@ -5,6 +5,7 @@ counted guard is tested on its own, so no test below can pass because an error w
 """
 import re
 
+import numpy as np
 import pytest
 
 from dapo_jax import rewards
@@ -160,3 +161,43 @@ def test_registry():
   assert get_reward_fn("math_answer") is math_answer.score
   with pytest.raises(ValueError, match="unknown reward"):
     get_reward_fn("nope")
+
+
+def test_error_count_and_logged_tracebacks(monkeypatch, caplog):
+  # From a zeroed counter: six planted errors count six; the first _LOGGED_ERRORS are logged by
+  # this module's logger with the error number, the rest only counted.
+  def broken(text, gt):
+    raise RuntimeError("planted parser bug")
+  monkeypatch.setattr(math_answer, "_errors", 0)
+  monkeypatch.setattr(math_answer, "judge", broken)
+  with caplog.at_level("ERROR"):
+    for _ in range(6):
+      math_answer.score("Answer: 3", "3")
+  assert math_answer.verifier_errors() == 6
+  logged = [r for r in caplog.records if "parser error" in r.getMessage()]
+  assert len(logged) == math_answer._LOGGED_ERRORS == 5  # pylint: disable=protected-access
+  assert {r.name for r in logged} == {"dapo_jax.rewards.math_answer"}
+  assert logged[0].getMessage() == ("math_answer.score: parser error #1 (response of 9 chars, "
+                                    "truth '3') read as -1")
+
+
+def test_score_responses_decodes_each_row_to_its_length():
+  # Token t decodes to chr(t); row (n, g) is cut at lengths[n, g] and verified against answers[n].
+  tokens = np.zeros((2, 2, 12), np.int32)
+  texts = [["Answer: 7", "Answer: 8"], ["Answer: 5", "x"]]
+  for n in range(2):
+    for g in range(2):
+      tokens[n, g, :len(texts[n][g])] = [ord(c) for c in texts[n][g]]
+  tokens[0, 1, 9] = ord("9")  # past the length: "Answer: 89" would be wrong
+  lengths = np.array([[9, 9], [9, 1]], np.int32)
+  decoded = []
+  def decode(rows):
+    decoded.append(rows)
+    return ["".join(map(chr, r)) for r in rows]
+  score, correct, preds = rewards.score_responses(tokens, lengths, ["7", "5"], decode=decode,
+                                                  reward_fn=math_answer.score)
+  assert len(decoded) == 1 and len(decoded[0]) == 4
+  assert score.dtype == np.float32 and correct.dtype == np.bool_
+  np.testing.assert_array_equal(score, [[1.0, -1.0], [1.0, -1.0]])
+  np.testing.assert_array_equal(correct, [[True, False], [True, False]])
+  assert preds == [["7", "8"], ["5", None]]
