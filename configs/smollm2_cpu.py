@@ -62,6 +62,9 @@ def _runlocal(c):
   c.rollout.num_slots = 16
   c.algo.overlong_cache_len = 16       # tokens
   c.algo.gen_batch_size = 2
+  # A weak base at G = 4 gives mostly all-wrong groups; the smoke runs the update path on
+  # whatever it samples (zero-advantage groups included) instead of waiting for mixed ones.
+  c.algo.dynamic_sampling = False
   c.train.num_steps = 1
   c.train.batch_size = 2
   c.train.num_minibatches = 1
