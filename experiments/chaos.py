@@ -180,7 +180,9 @@ def _row(i: int, point: tuple, rc: int, out: str, next_out: str) -> dict:
   kind, step, rnd = point
   landed = (rc == 0 and f"[preempt] saved step {step} " in out) if kind == "term" else \
       (rc == -signal.SIGKILL and "[chaos]" in out)
-  resumed = re.search(r"\[resume\] from step (\d+)", next_out)
+  # A kill inside the first save leaves no checkpoint: the resume starts over at step 0.
+  resumed = re.search(r"\[resume\] (?:from|no checkpoint in \S+: starting at) step (\d+)",
+                      next_out)
   dropped = re.search(r"dropped (\d+) written after", next_out)
   rejected = re.findall(r"\[checkpoint\] step (\d+) .* unusable: ([^\n]*)", next_out)
   where = f"step {step}" + (f" round {rnd}" if kind == "round" else "")

@@ -109,8 +109,7 @@ def test_resume_of_a_finished_run_does_nothing(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["results.json"]
 
 
-def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path, reference):
-  del reference
+def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):
   os.makedirs(tmp_path / "checkpoints" / "2")
   with pytest.raises(ValueError, match=r"holds checkpoints \(steps \[2\]\).*--resume"):
     _train(tmp_path)
