@@ -72,6 +72,9 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
   remat: bool = False  # recompute each layer's activations in the backward pass
+  # Full-sequence passes: layers under lax.scan (compile time flat in depth) or unrolled
+  # (faster on CPU: no per-layer weight slices or stacked-gradient updates in the backward).
+  scan_layers: bool = True
   logits_chunk: int = 512  # tokens per chunk for chunked log-probs
   attention_chunk: int = 1024  # query positions per attention block (full forward)
   architecture: str = "qwen2"  # "qwen2" | "llama" | "qwen3"
@@ -101,7 +104,7 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.architecture must be one of {ARCHITECTURES}, "
           f"got {self.architecture!r}")
-    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "remat"):
+    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "remat", "scan_layers"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.rope_scaling is not None:

@@ -95,6 +95,25 @@ def attend_one(q_Bx1xHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxS):
   return o.reshape(b, 1, h, k).astype(q_Bx1xHxK.dtype)
 
 
+# The decode step reads the cache up to the smallest of these lengths that holds the live
+# context (a run-time choice between compiled branches), so its cost follows the context.
+DECODE_BLOCK = 64
+
+
+def decode_buckets(s: int) -> tuple[int, ...]:
+  """Cache prefix lengths the decode step may read: 64, 128, 256, ... below S, then S."""
+  sizes, n = [], DECODE_BLOCK
+  while n < s:
+    sizes.append(n)
+    n *= 2
+  return tuple(sizes) + (s,)
+
+
+def attend_one_prefix(q_Bx1xHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxS, *, n: int):
+  """`attend_one` over the first n cache positions only (keys past n must be masked)."""
+  return attend_one(q_Bx1xHxK, k_BxSxKvxK[:, :n], v_BxSxKvxK[:, :n], allowed_BxS[:, :n])
+
+
 def chunked_attend(q_BxTxHxK, k_BxSxKvxK, v_BxSxKvxK, allowed_BxTxS, *, chunk: int):
   """`attend` over blocks of `chunk` queries, so scores are [chunk, S], never [T, S].
 

@@ -137,21 +137,25 @@ class Qwen2(nnx.Module):
   def _embed(self, tokens):
     return jnp.take(self.embed.get_value(), tokens, axis=0).astype(self.dtype)
 
-  def _scan_layers(self, h, cos, sin, attention, carry_extra=None, remat=False):
-    """Runs every layer under lax.scan; returns (h, carry_extra, stacked aux)."""
-    cfg = self.cfg
+  def _run_layers(self, h, cos, sin, attention, remat=False):
+    """Every layer, under lax.scan or unrolled (cfg.scan_layers); returns (h, stacked aux).
 
-    def body(carry, p):
-      h, extra = carry
-      h, aux = _layer(cfg, p, h, cos, sin, functools.partial(attention, extra=extra))
-      aux, extra = aux
-      return (h, extra), aux
+    Scan keeps compile time flat in depth; unrolled avoids the scan's per-layer weight
+    slices and, in the backward pass, its stacked gradient / residual updates.
+    """
+    def body(h, p):
+      return _layer(self.cfg, p, h, cos, sin, attention)
 
     if remat:
       body = jax.checkpoint(body, prevent_cse=False,
                             policy=jax.checkpoint_policies.nothing_saveable)
-    (h, extra), aux = jax.lax.scan(body, (h, carry_extra), self.layers.arrays())
-    return h, extra, aux
+    if self.cfg.scan_layers:
+      return jax.lax.scan(body, h, self.layers.arrays())
+    auxes = []
+    for p in self.layer_params():
+      h, aux = body(h, p)
+      auxes.append(aux)
+    return h, jax.tree.map(lambda *xs: jnp.stack(xs), *auxes)
 
   # ----- full sequence --------------------------------------------------------------------
   def _full(self, tokens_BxT, mask_BxT, positions_BxT, *, collect_kv: bool):
@@ -170,12 +174,12 @@ class Qwen2(nnx.Module):
     cos, sin = L.rope_cos_sin(positions_BxT, L.rope_inv_freq(self.cfg))
     chunk = self.cfg.attention_chunk
 
-    def attention(q, k, v, extra):
+    def attention(q, k, v):
       o = L.chunked_attend(q, k, v, allowed_BxTxT, chunk=chunk)
-      return o, ((k, v) if collect_kv else None, extra)
+      return o, ((k, v) if collect_kv else None)
 
     h = self._embed(tokens_BxT)
-    h, _, kv = self._scan_layers(h, cos, sin, attention, remat=self.cfg.remat)
+    h, kv = self._run_layers(h, cos, sin, attention, remat=self.cfg.remat)
     h = L.rms_norm(h, self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
     return h, kv
 
@@ -219,35 +223,65 @@ class Qwen2(nnx.Module):
       k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     return self.logits(h_last), {"k": k, "v": v}
 
-  def decode_step(self, tokens_B, positions_B, cache):
+  def layer_params(self) -> list[dict]:
+    """Each layer's weights as arrays of their own (static slices of the stacked weights).
+
+    XLA:CPU materialises every slice of a stacked weight, so a decode loop takes these once,
+    outside the loop, instead of slicing (copying) all weights at every step.
+    """
+    w = self.layers.arrays()
+    return [{name: a[i] for name, a in w.items()} for i in range(self.cfg.num_layers)]
+
+  def decode_step(self, tokens_B, positions_B, cache, *, layer_params=None):
     """One token per slot: writes its K/V at `positions_B`, attends to keys j <= position.
 
-    Rows may be at different positions. Positions must be < the cache length S.
+    Rows may be at different positions. Positions must be < the cache length S. `cache` is
+    {"k", "v"} stacked [L, B, S, Kv, Hd] or per layer (`split_cache`, what a decode loop
+    carries: updating one layer then touches only that layer's buffer); the result has the
+    same form. `layer_params`: `layer_params()` taken once outside a decode loop.
+    Layers are unrolled; attention reads only the first `n` cache positions, n the smallest
+    bucket (`decode_buckets`) holding every row's position, chosen at run time.
     """
     _check_bt("tokens_B", tokens_B, ndim=1)
     b = tokens_B.shape[0]
     if positions_B.shape != (b,):
       raise ValueError(f"positions_B shape {positions_B.shape} != ({b},)")
-    if set(cache) != {"k", "v"} or cache["k"].shape[1] != b:
-      raise ValueError(f"cache must be {{'k', 'v'}} with batch {b}, got "
-                       f"{ {n: getattr(a, 'shape', None) for n, a in cache.items()} }")
-    s = cache["k"].shape[2]
+    if set(cache) != {"k", "v"} or len(cache["k"]) != self.cfg.num_layers or (
+        cache["k"][0].shape[0] != b):
+      raise ValueError(f"cache must be {{'k', 'v'}} with {self.cfg.num_layers} layers and "
+                       f"batch {b}, got {jax.tree.map(jnp.shape, cache)}")
+    stacked = not isinstance(cache["k"], (list, tuple))
+    ks, vs = split_cache(cache) if stacked else (list(cache["k"]), list(cache["v"]))
+    s = ks[0].shape[1]
     rows = jnp.arange(b)
     allowed_BxS = jnp.arange(s)[None, :] <= positions_B[:, None]
+    sizes = L.decode_buckets(s)
+    bucket = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), jnp.max(positions_B) + 1),
+                         len(sizes) - 1)
+    branches = [functools.partial(L.attend_one_prefix, n=n) for n in sizes]
     cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(self.cfg))
-
-    def attention(q, k, v, extra):
-      layer, ck, cv = extra
-      ck = ck.at[layer, rows, positions_B].set(k[:, 0].astype(ck.dtype))
-      cv = cv.at[layer, rows, positions_B].set(v[:, 0].astype(cv.dtype))
-      o = L.attend_one(q, ck[layer], cv[layer], allowed_BxS)
-      return o, (None, (layer + 1, ck, cv))
-
     h = self._embed(tokens_B[:, None])
-    extra = (jnp.zeros((), jnp.int32), cache["k"], cache["v"])
-    h, (_, ck, cv), _ = self._scan_layers(h, cos, sin, attention, carry_extra=extra)
+    for i, p in enumerate(layer_params or self.layer_params()):
+      def attention(q, k, v, i=i):
+        ks[i] = ks[i].at[rows, positions_B].set(k[:, 0].astype(ks[i].dtype))
+        vs[i] = vs[i].at[rows, positions_B].set(v[:, 0].astype(vs[i].dtype))
+        o = jax.lax.switch(bucket, branches, q, ks[i], vs[i], allowed_BxS)
+        return o, None
+      h, _ = _layer(self.cfg, p, h, cos, sin, attention)
     h = L.rms_norm(h[:, 0], self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
-    return self.logits(h), {"k": ck, "v": cv}
+    cache = stack_cache(ks, vs) if stacked else {"k": tuple(ks), "v": tuple(vs)}
+    return self.logits(h), cache
+
+
+def split_cache(cache) -> tuple[list, list]:
+  """Stacked {"k", "v"} [L, B, S, Kv, Hd] -> (keys, values): lists of L [B, S, Kv, Hd]."""
+  n = cache["k"].shape[0]
+  return [cache["k"][i] for i in range(n)], [cache["v"][i] for i in range(n)]
+
+
+def stack_cache(ks, vs) -> dict:
+  """Inverse of `split_cache`."""
+  return {"k": jnp.stack(ks), "v": jnp.stack(vs)}
 
 
 def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1.0,

@@ -19,6 +19,7 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
+from dapo_jax.models import qwen2
 from dapo_jax.rollout import sampling
 from dapo_jax.rollout import state as state_lib
 from dapo_jax.rollout import tokenizer as tokenizer_lib
@@ -32,8 +33,9 @@ def _positive_int(value, name: str) -> int:
   return int(value)
 
 
-def _step(graphdef, params, rest, st: DecodeState):
-  """Samples one token in every slot, then runs the decode step for it (inactive slots idle)."""
+def _step(graphdef, params, rest, st: DecodeState, layer_params=None):
+  """Samples one token in every slot, then runs the decode step for it (inactive slots idle).
+  The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`."""
   keys_B = jax.vmap(lambda kd, t: jax.random.fold_in(state_lib.wrap_key(kd), t))(
       st.keys_Bx2, st.gen_len_B)
   tok_B, logp_B = sampling.sample_tokens(
@@ -46,9 +48,10 @@ def _step(graphdef, params, rest, st: DecodeState):
   active_B = valid_B & ~hit_eos_B & (gen_len_B < st.max_new_B)
   # A slot that just finished still runs this decode step (rows are computed together); its
   # position is clamped so a free slot never writes outside the cache.
-  max_pos = st.cache["k"].shape[2] - 1
+  max_pos = jax.tree.leaves(st.cache["k"])[0].shape[-3] - 1
   model = nnx.merge(graphdef, params, rest)
-  logits_BxV, cache = model.decode_step(tok_B, jnp.minimum(st.positions_B, max_pos), st.cache)
+  logits_BxV, cache = model.decode_step(tok_B, jnp.minimum(st.positions_B, max_pos), st.cache,
+                                        layer_params=layer_params)
   new = st.replace(
       cache=cache, logits_BxV=logits_BxV.astype(jnp.float32),
       positions_B=st.positions_B + active_B.astype(jnp.int32), gen_len_B=gen_len_B,
@@ -58,8 +61,13 @@ def _step(graphdef, params, rest, st: DecodeState):
 
 def _generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, max_steps: int):
   """Runs up to max_steps steps; stops early once every slot is free, or (when stop_on_finish)
-  as soon as any sample finishes, so the host can refill that slot at once."""
+  as soon as any sample finishes, so the host can refill that slot at once. The loop carries
+  the cache per layer and per-layer weights sliced once before it: XLA:CPU would otherwise
+  copy every stacked weight and a whole layer of cache at each step."""
   b = st.active_B.shape[0]
+  layer_params = nnx.merge(graphdef, params, rest).layer_params()
+  ks, vs = qwen2.split_cache(st.cache)
+  st = st.replace(cache={"k": tuple(ks), "v": tuple(vs)})
 
   def cond(carry):
     i, s, _, _, finished = carry
@@ -67,7 +75,7 @@ def _generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, 
 
   def body(carry):
     i, s, tok_BxK, logp_BxK, _ = carry
-    s, tok_B, logp_B, valid_B = _step(graphdef, params, rest, s)
+    s, tok_B, logp_B, valid_B = _step(graphdef, params, rest, s, layer_params)
     tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
     logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
     return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
@@ -75,6 +83,7 @@ def _generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, 
   init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
           jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
   steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
+  st = st.replace(cache=qwen2.stack_cache(st.cache["k"], st.cache["v"]))
   return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
                   active_B=st.active_B)
 
