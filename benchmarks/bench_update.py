@@ -1,0 +1,122 @@
+"""Update throughput: the trainer's own jitted DAPO update (`trainer._jitted_train_step`) on
+`--batch` all-response rows of `--seq` tokens, fp32 AdamW (peer: peers/torch_update.py).
+
+    python benchmarks/bench_update.py --model=HF_DIR --batch=16 --seq=512 --json=F
+
+Rows are random token ids >= 4, every position a response token (attention and loss masks all
+1), advantages +-1, old log-probs from the trainer's log-prob pass (`trainer._logprob_fn`), lr
+1e-6, eps 0.2 / 0.28, token-mean loss. One warm-up update (compilation), then `--reps` timed
+updates; `tok_per_s` = batch x seq / the median update time (in `F` with the log-prob pass's
+rate). `--scan_layers` picks the model's layer loop (ModelConfig.scan_layers) for A/B runs.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import time
+import types
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # dapo_jax
+import bench_common as common  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
+                 prompt_len: int | None = None, reward: str | None = None):
+  """The trainer's Config for these benchmarks: configs/tiny_cpu.py with the model at
+  `model_dir`, one mini-batch of `rows` sequences of `seq` tokens (prompt_len of them the
+  prompt; default a quarter), the issue's loss settings."""
+  from configs import tiny_cpu  # pylint: disable=g-import-not-at-top
+  from dapo_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  c = tiny_cpu.get_config()
+  c.model.source, c.model.hf_path, c.model.vocab_size = "hf", model_dir, 0
+  c.task.tokenizer = model_dir
+  c.task.max_prompt_len = prompt_len or seq // 4
+  c.rollout.max_new_tokens = seq - c.task.max_prompt_len
+  if reward:
+    c.task.reward = reward
+  c.rollout.group_size = group
+  c.rollout.num_slots = max(rows, group)
+  c.train.batch_size = rows // group
+  c.train.num_minibatches = 1
+  c.train.micro_batch_size = None
+  c.algo.dynamic_sampling = False
+  c.algo.eps_low, c.algo.eps_high, c.algo.loss_agg = 0.2, 0.28, "token-mean"
+  c.algo.overlong_filter = c.algo.overlong_penalty = False
+  c.algo.overlong_cache_len = 0
+  c.algo.kl_coef = c.algo.entropy_coef = 0.0
+  c.optim.lr, c.optim.warmup_steps, c.warm_start.steps = 1e-6, 0, 0
+  return config_lib.parse(c)
+
+
+def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: int = 16):
+  """trainer.build on the benchmark config; `scan_layers` (None: the model's default) swaps
+  the layer loop of the trainer's graph for an A/B run."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
+  cfg = bench_config(model_dir, rows=rows, seq=seq, group=min(group, rows))
+  run = trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
+  if scan_layers is not None:
+    model = nnx.merge(run.graphdef, run.state.params)
+    model.cfg = dataclasses.replace(model.cfg, scan_layers=scan_layers)
+    run.graphdef = nnx.graphdef(model)
+  return run
+
+
+def random_rows(vocab: int, rows: int, seq: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  ones = np.ones((rows, seq), np.float32)
+  return {"tokens": rng.integers(4, vocab, size=(rows, seq)).astype(np.int32),
+          "attn_mask": ones, "loss_mask": ones, "old_logp": np.zeros((rows, seq), np.float32),
+          "adv": np.where(np.arange(rows) % 2, 1.0, -1.0).astype(np.float32)}
+
+
+def run(args) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
+  r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers)
+  arrays = random_rows(r.model_config.vocab_size, args.batch, args.seq)
+  logp_fn = lambda: trainer._logprob_fn(  # pylint: disable=protected-access
+      r.state.params, arrays["tokens"], arrays["attn_mask"], graphdef=r.graphdef,
+      temperature=r.cfg.rollout.temperature, with_entropy=True)
+  logp_fn()
+  lp_times = [common.timed(logp_fn)[1] for _ in range(args.reps)]
+  arrays["old_logp"] = np.asarray(logp_fn()[0])
+  step_fn = trainer._jitted_train_step(r)  # pylint: disable=protected-access
+  load0, times, cpu = common.loadavg(), [], []
+  for _ in range(args.reps + 1):  # the first is the warm-up (compilation)
+    t0, c0 = time.perf_counter(), time.process_time()
+    r.state, m = step_fn(r.state, arrays)
+    jax.block_until_ready((r.state, m))
+    times.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
+  tokens = args.batch * args.seq
+  s, lp = common.summary(times[1:]), common.summary(lp_times)
+  # cpu_s: process CPU time per update, a steadier A/B figure than wall time on a busy machine.
+  return dict(side="dapo_jax update", tok_per_s=tokens / s["median"], update_s=s,
+              cpu_s=common.summary(cpu[1:]),
+              logprob_tok_per_s=tokens / lp["median"], logprob_s=lp,
+              scan_layers=r.model_config.scan_layers if args.scan_layers is None
+              else args.scan_layers, loadavg_before=load0, loadavg_after=common.loadavg(),
+              skipped=float(m["skipped"]), setting=dict(batch=args.batch, seq=args.seq))
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--model", required=True, help="HF model directory")
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--seq", type=int, default=512)
+  ap.add_argument("--reps", type=int, default=3, help="timed updates after the warm-up")
+  ap.add_argument("--scan_layers", type=int, choices=(0, 1), default=None,
+                  help="A/B: 1 = layers under lax.scan, 0 = unrolled (default: the model's)")
+  ap.add_argument("--json", help="write the result here")
+  args = ap.parse_args()
+  if args.scan_layers is not None:
+    args.scan_layers = bool(args.scan_layers)
+  common.write_json(args.json, run(args))
+
+
+if __name__ == "__main__":
+  main()
