@@ -31,6 +31,13 @@ def test_accuracy_fractions_are_not_swapped():
   np.testing.assert_array_equal(filtering.mixed_groups(c), [False, False, False, True, True])
 
 
+def test_fractions_are_float32_under_x64():
+  with jax.enable_x64(True):
+    s = filtering.group_accuracy_stats(jnp.array([[1, 1], [0, 1]], jnp.int64))
+  assert {v.dtype for v in s.values()} == {jnp.dtype(jnp.float32)}
+  assert float(s["frac_groups_acc_1"]) == 0.5 and float(s["frac_groups_acc_0"]) == 0.0
+
+
 def test_jit_and_group_of_two():
   c = jnp.array([[True, False], [True, True], [False, False]])
   np.testing.assert_array_equal(jax.jit(filtering.mixed_groups)(c), [True, False, False])

@@ -48,3 +48,9 @@ def test_step_metrics_with_phrases_is_groups_metrics():
 def test_empty_phrases_message():
   with pytest.raises(ValueError, match="^phrases: need at least one phrase$"):
     reflection.phrase_pattern(())
+
+
+def test_trajectory_of_three_answers_in_order():
+  text = "Answer: 1\nhmm\nAnswer: 2\nwait\nAnswer: 3"
+  assert reflection.answer_trajectory(text, "2", math_answer.score) == [
+      ("1", False), ("2", True), ("3", False)]

@@ -201,3 +201,19 @@ def test_score_responses_decodes_each_row_to_its_length():
   np.testing.assert_array_equal(score, [[1.0, -1.0], [1.0, -1.0]])
   np.testing.assert_array_equal(correct, [[True, False], [True, False]])
   assert preds == [["7", "8"], ["5", None]]
+
+
+def test_braced_end_scans_at_most_limit_characters_inside():
+  # limit counts the characters between the braces: 3 fit, 4 do not.
+  assert answer_forms.braced_end("{abc}", 0, limit=3) == 4
+  assert answer_forms.braced_end("{abcd}", 0, limit=3) is None
+  assert answer_forms.braced_end("x{a{b}c}", 1) == 7
+
+
+def test_normalize_string_drops_latex_spacing_inside():
+  assert answer_forms.normalize_string("x\\!+\\,1\\;-\\ y~z") == "x+1-yz"
+
+
+def test_text_type_error_names_the_type():
+  with pytest.raises(TypeError, match="^math_answer.score: text must be str, got int$"):
+    math_answer.score(5, "3")
