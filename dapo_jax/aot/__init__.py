@@ -29,7 +29,8 @@ def check(cfg, topology_name: str, *, steps_per_call: int = 16, only=()) -> dict
   rows = []
   for job in plan.jobs:  # one at a time, with progress: a 32B compile takes tens of seconds
     rows.append(report.compile_job(job))
-    print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s", flush=True)
+    print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s, peak "
+          f"{rows[-1]['peak_bytes'] / 2**30:.2f} GiB per chip", flush=True)
   summary = report.summarize(rows, plan.buffers, sl.hbm_bytes)
   return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary,
           "partial": len(plan.jobs) < len(names),

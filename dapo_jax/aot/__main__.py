@@ -15,9 +15,6 @@ flags.DEFINE_string("json", None, "Write the report here as JSON.")
 flags.DEFINE_integer("steps_per_call", 16, "Decode steps per generate call (the sampler's).")
 flags.DEFINE_list("functions", [], "Compile only these (e.g. train_step,old_logprobs); "
                   "default all. The verdict then covers only them.")
-flags.DEFINE_string("cache_dir", os.path.expanduser("~/.cache/dapo_jax/aot"),
-                    "Persistent compilation cache (a rerun that changes one function recompiles "
-                    "only that one); empty = off.")
 config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 flags.mark_flags_as_required(["config", "topology"])
 FLAGS = flags.FLAGS
@@ -27,10 +24,6 @@ def main(argv):
   del argv
   from dapo_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
   cfg = config_lib.parse(FLAGS.config)
-  if FLAGS.cache_dir:
-    import jax  # pylint: disable=import-outside-toplevel
-    jax.config.update("jax_compilation_cache_dir", FLAGS.cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   try:
     out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call,
                     only=FLAGS.functions)

@@ -141,7 +141,7 @@ def transfer_job(mcfg, model, gmesh) -> Job:
   dtype = jnp.dtype(mcfg.dtype)
   fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
                out_shardings=target.shardings)
-  return Job("weight_transfer", fn, (model.params,), ("opt_state", "decode_state"))
+  return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
 
 
 def host_devices(devices, hosts: int) -> list:
