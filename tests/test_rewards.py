@@ -217,3 +217,15 @@ def test_normalize_string_drops_latex_spacing_inside():
 def test_text_type_error_names_the_type():
   with pytest.raises(TypeError, match="^math_answer.score: text must be str, got int$"):
     math_answer.score(5, "3")
+
+
+def test_boundaries_of_peeling_and_length():
+  # An empty delimiter pair peels to nothing (so it never equals an empty-math truth); an
+  # escaped period or thin space is not a trailing period or comma; MAX_ANSWER_CHARS is inclusive.
+  assert answer_forms.normalize_string("\\(\\)") == ""
+  assert answer_forms.normalize_string("\\[\\]") == ""
+  assert answer_forms.normalize_string("x\\,") == "x"
+  assert answer_forms.normalize_string("x\\.") == "x\\."
+  n = answer_forms.MAX_ANSWER_CHARS
+  assert answer_forms.as_number(" " * (n - 2) + "42") == "42"
+  assert answer_forms.as_number(" " * (n - 1) + "42") is None
