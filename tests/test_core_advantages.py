@@ -81,6 +81,12 @@ def test_dtype_float32_at_least_under_x64():
       np.testing.assert_allclose(adv, [[1.5, -0.5, -0.5, -0.5]], rtol=1e-5)
 
 
+def test_eps_is_added_to_the_std():
+  # std = 1 here, so eps = 1 halves the advantages (std − eps would divide by zero).
+  adv = advantages.group_advantages(jnp.array([[1.0, -1.0, -1.0, -1.0]]), eps=1.0)
+  np.testing.assert_allclose(adv, [[0.75, -0.25, -0.25, -0.25]], rtol=1e-6)
+
+
 def test_mixed_groups_exact():
   c = jnp.array([[True, False, False], [True, True, True], [False, False, False],
                  [False, True, True]])

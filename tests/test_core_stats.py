@@ -120,3 +120,16 @@ def test_masked_var_ddof():
   m = jnp.array([1, 1, 0])
   assert float(stats.masked_var(x, m, ddof=1)) == 2.0
   assert float(stats.masked_var(x, m)) == 1.0
+
+
+def test_entropy_float32_under_x64_and_its_checks():
+  # Chunked (T > chunk) and direct paths both return float32 with x64 on.
+  logits = jax.random.normal(jax.random.key(1), (1, 5, 4))
+  with jax.enable_x64(True):
+    for chunk in (2, 8):
+      got = stats.entropy_from_logits(logits, chunk_size=chunk)
+      assert got.dtype == jnp.float32, (chunk, got.dtype)
+  with pytest.raises(ValueError, match=r"^logits_BxTxV: expected rank 3, got shape \(5, 4\)$"):
+    stats.entropy_from_logits(logits[0])
+  with pytest.raises(ValueError, match="^logits_BxTxV: expected a float dtype, got int32$"):
+    stats.entropy_from_logits(jnp.zeros((1, 2, 3), jnp.int32))
