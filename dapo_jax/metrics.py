@@ -158,7 +158,7 @@ class PhaseTimer:
 # Update aux that are per-token fractions or means: combined across mini-batches weighted by each
 # mini-batch's loss-token count (within a mini-batch train_step already weights micro-batches so).
 TOKEN_WEIGHTED = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "approx_kl",
-                  "ratio_mean")
+                  "ratio_mean", "selected_frac", "is_corrected_frac", "is_logp_diff_abs_mean")
 
 
 def combine_updates(step_metrics: list[dict]) -> dict:

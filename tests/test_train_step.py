@@ -176,6 +176,19 @@ def test_nan_skips_update_and_is_counted():
   assert float(m_ok["skipped"]) == 0.0
 
 
+def test_corrupt_optimizer_state_cannot_write_nan_weights():
+  """Loss and gradient are finite, but a NaN in Adam's moments makes the update NaN: the step
+  must be skipped rather than write NaN parameters (a restored corrupt checkpoint)."""
+  graphdef, state, opt = _setup()
+  poisoned = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan)
+                          if jnp.issubdtype(x.dtype, jnp.floating) else x, state.opt_state)
+  state = type(state)(updates=state.updates, params=state.params, opt_state=poisoned)
+  new, m = _step(graphdef, opt, _cfg())(state, _batch())
+  assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"]))
+  assert float(m["skipped"]) == 1.0 and int(new.updates) == 0
+  _close(new.params, state.params, 0)
+
+
 def test_kl_and_entropy_terms_change_the_loss_only_when_on():
   graphdef, state, opt = _setup()
   batch = _batch()

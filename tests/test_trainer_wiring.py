@@ -149,3 +149,14 @@ def test_score_responses_decodes_once_in_group_order_and_keeps_predictions():
   assert preds == [["0", "4", None], ["12", "16", "20"]]
   np.testing.assert_array_equal(correct, [[True, False, False], [False, False, False]])
   np.testing.assert_array_equal(score, np.where(correct, 1.0, -1.0))
+
+
+def test_off_policy_correction_reads_the_samplers_log_probs(tmp_path):
+  """With is_correction on, the trainer hands the sampler's log-probs to the step as
+  behav_logp (the recomputed ones become old_logp): the mismatch metric is then measured."""
+  run = trainer.build(tiny_config(**{"algo.is_correction": "tis_token"}), str(tmp_path),
+                      resume=False)
+  m = trainer.rollout_step(run, trainer._jitted_train_step(run))  # pylint: disable=protected-access
+  # Sampler and trainer run the same f32 weights: log-probs agree to round-off, not exactly.
+  assert 0.0 <= m["is_logp_diff_abs_mean"] < 1e-3
+  assert "is_corrected_frac" in m

@@ -144,15 +144,17 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None):
 
 def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimizer,
                cfg: Config):
-  """One optimizer update. A non-finite loss or gradient leaves params and optimizer untouched
-  (the update is skipped and reported as `skipped` = 1). `lr` is the learning rate this update
+  """One optimizer update. A non-finite loss, gradient, update or new parameter leaves params and
+  optimizer untouched (skipped, reported as `skipped` = 1): a corrupt optimizer state can never
+  write NaN weights. `lr` is the learning rate this update
   used (cfg.optim's schedule at the count of applied updates, which the optimizer shares)."""
   key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state.updates)
   loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, cfg, key=key)
   grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
   new_params = jax.tree.map(lambda p, u: p + u.astype(p.dtype), state.params, updates)
+  finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
+            & jnp.isfinite(optax.tree.norm(new_params)))
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   new_state = TrainState(updates=state.updates + finite.astype(jnp.int32),
                          params=keep(new_params, state.params),

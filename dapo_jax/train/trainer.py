@@ -23,13 +23,12 @@ from flax import nnx
 
 from dapo_jax import eval as eval_lib
 from dapo_jax import metrics as metrics_lib
-from dapo_jax import sharding
+from dapo_jax import rewards, sharding
 from dapo_jax.config import Config
 from dapo_jax.core import advantages, overlong
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
-from dapo_jax.rewards import get_reward_fn
-from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
+from dapo_jax.rewards import reflection
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import recovery
@@ -75,7 +74,7 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   task = setup.load_task(cfg)
   model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)
-  seq_len = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
+  seq_len = cfg.seq_len
   ckpt_dir = os.path.join(workdir, "checkpoints")
   has_ckpt = resume and os.path.isdir(ckpt_dir) and any(
       d.isdigit() for d in os.listdir(ckpt_dir))
@@ -83,7 +82,8 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
     params, _ = sft.warm_start(
         graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
         batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr, seq_len=seq_len,
-        eos_id=task.eos_ids[0], seed=cfg.seed, data_sharding=sharding.data_sharding(mesh))
+        eos_id=task.eos_ids[0], seed=cfg.seed, data_sharding=sharding.data_sharding(mesh),
+        use_chat_template=cfg.task.chat_template)
   optimizer = state_lib.make_optimizer(
       lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=cfg.optim.weight_decay,
       grad_clip=cfg.optim.grad_clip, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps)
@@ -104,9 +104,10 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   a = cfg.algo
   pidx, pcount = setup.process_info()
   data = PromptIterator(task.train, task.tokenizer,
-                        batch_size=a.gen_batch_size if a.dynamic_sampling else cfg.train.batch_size,
+                        batch_size=cfg.prompts_per_round,
                         seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
-                        shard_index=pidx, num_shards=pcount)
+                        shard_index=pidx, num_shards=pcount,
+                        use_chat_template=cfg.task.chat_template)
   ref_params = jax.tree.map(jnp.copy, params) if a.kl_coef > 0 else None
   return Run(cfg=cfg, workdir=workdir, mesh=mesh, task=task, graphdef=graphdef,
              model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
@@ -141,7 +142,7 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
       prompt_offset=pidx * local)  # global prompt index: same samples on any host count
   scored = groups_lib.score_rollout(
       rollout, batch.prompt_ids, batch.answers, decode=run.task.decode,
-      reward_fn=get_reward_fn(cfg.task.reward), overlong_penalty=a.overlong_penalty,
+      reward_fn=rewards.get_reward_fn(cfg.task.reward), overlong_penalty=a.overlong_penalty,
       max_len=r.max_new_tokens, cache_len=_overlong_cache_len(run), factor=a.overlong_factor)
   out = multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
   if a.overlong_adaptive:  # every host's lengths, so every host computes the same ramp
@@ -161,7 +162,7 @@ def _logprob_fn(params, tokens_BxS, attn_BxS, *, graphdef, temperature, with_ent
 def _batched_logprobs(run: Run, params, arrays, *, with_entropy: bool):
   """Log-probs (and entropies) of all rows, one micro-batch of sequences per device call."""
   cfg = run.cfg
-  rows = cfg.train.micro_batch_size or cfg.minibatch_prompts * cfg.rollout.group_size
+  rows = cfg.train.micro_batch_size or cfg.minibatch_seqs
   dsh = sharding.data_sharding(run.mesh)
   outs = []
   for i in range(0, arrays["tokens"].shape[0], rows):
@@ -200,14 +201,17 @@ class Prepared:
 def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
   a = run.cfg.algo
+  errors_before = rewards.verifier_errors()
   batch, summary, _ = dynamic_sampling.collect(
       functools.partial(_generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=a.gen_batch_size, max_gen_rounds=a.max_gen_rounds,
       dynamic=a.dynamic_sampling)
+  # Responses whose parsing raised (scored -1); this process's count.
+  summary["verifier_errors"] = rewards.verifier_errors() - errors_before
   summary["overlong_cache_len"] = _overlong_cache_len(run)
   summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
-      reward_fn=get_reward_fn(run.cfg.task.reward)))
+      reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))
   if run.prefilter is not None:
     summary.update(run.prefilter.step_metrics())
   return batch, summary
@@ -221,6 +225,8 @@ def prepare(run: Run, batch: groups_lib.Groups) -> Prepared:
   arrays, resp_mask = groups_lib.training_arrays(batch, adv_NxG, seq_len=run.cfg.seq_len,
                                                  overlong_filter=a.overlong_filter)
   logp, entropy = _batched_logprobs(run, run.state.params, arrays, with_entropy=True)
+  if a.is_correction != "none":  # off-policy correction weighs sampler vs trainer log-probs
+    arrays["behav_logp"] = arrays["old_logp"]  # still the sampler's here
   if a.old_logp_source == "recompute":
     arrays["old_logp"] = logp * resp_mask
   if a.kl_coef > 0:
@@ -232,7 +238,7 @@ def prepare(run: Run, batch: groups_lib.Groups) -> Prepared:
 def update(run: Run, step_fn, arrays: dict) -> list[dict]:
   """num_minibatches optimizer updates over consecutive slices of the rows (device metrics)."""
   cfg = run.cfg
-  rows = cfg.minibatch_prompts * cfg.rollout.group_size
+  rows = cfg.minibatch_seqs
   dsh = sharding.data_sharding(run.mesh)
   step_metrics = []
   for mb in range(cfg.train.num_minibatches):
@@ -269,13 +275,14 @@ def rollout_step(run: Run, step_fn) -> dict:
 
 def run_eval(run: Run, tag: str) -> dict:
   cfg, e = run.cfg, run.cfg.eval
-  prompts = [encode_prompt(run.task.tokenizer, x.prompt)[-cfg.task.max_prompt_len:]
+  prompts = [encode_prompt(run.task.tokenizer, x.prompt,
+                           use_chat_template=cfg.task.chat_template)[-cfg.task.max_prompt_len:]
              for x in run.task.eval]
   return eval_lib.evaluate(
       run.sampler, prompts, [x.answer for x in run.task.eval], k=e.num_samples,
       temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
       seed=_seed(cfg.seed, 2, 0), decode=run.task.decode,
-      reward_fn=get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
+      reward_fn=rewards.get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
       bootstrap_samples=e.bootstrap_samples) | {"tag": tag}
 
 
