@@ -81,3 +81,8 @@ def test_adaptive_cache_len_edges():
                                      fallback=0) == 0
   with pytest.raises(ValueError, match=r"^max_len: must be a positive int \(tokens\), got 0$"):
     overlong.adaptive_cache_len(hist, step=1, window=1, percentile=50.0, max_len=0, fallback=0)
+
+
+def test_bad_lengths_name_the_argument():
+  with pytest.raises(ValueError, match="^lengths: expected a number dtype"):
+    overlong.soft_overlong_penalty(np.array(["a"]), max_len=10, cache_len=2)
