@@ -1,7 +1,7 @@
 """Mutation testing (mutmut 3) of the core maths and the verifier, one group of modules at a time.
 
-  python experiments/mutation.py --groups=core,rewards --workdir=/tmp/mutation   # ~15 min, 1 core
-  python experiments/mutation.py --groups=train --sample=150 --seed=0            # a seeded sample
+  python experiments/mutation.py --groups=core,rewards --sample=200 --seed=0   # ~1 h, 2 busy cores
+  python experiments/mutation.py --groups=core,rewards --max_children=8         # every mutant
 
 Each group runs in its own copy of dapo_jax/ and tests/ under --workdir: the working tree is never
 mutated and no mutmut config lives in the repository, so `python -m pytest -q tests` is untouched.
