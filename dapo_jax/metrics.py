@@ -6,6 +6,7 @@ import math
 import os
 import time
 
+import jax
 import numpy as np
 
 log = logging.getLogger("dapo_jax")
@@ -213,3 +214,16 @@ def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dic
   out.update(sampling_summary)
   out.update(combine_updates(step_metrics))
   return out
+
+
+def loggers(cfg, workdir: str, *, keep_records: int, first_length: float | None):
+  """(MetricWriter, HealthMonitor) of a run; the writer cut back to `keep_records` records on a
+  resume, the monitor continuing from the run's first-step length."""
+  writer = MetricWriter(workdir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                        total_steps=cfg.train.num_steps, keep_records=keep_records,
+                        is_main=jax.process_index() == 0)
+  health = HealthMonitor(entropy_floor=cfg.train.entropy_floor,
+                         entropy_ceiling=cfg.train.entropy_ceiling,
+                         length_growth=cfg.train.length_growth_warn)
+  health.first_length = first_length
+  return writer, health

@@ -284,6 +284,19 @@ def stack_cache(ks, vs) -> dict:
   return {"k": jnp.stack(ks), "v": jnp.stack(vs)}
 
 
+def _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size) -> int:
+  """token_logprobs' argument checks; returns the chunk size to use."""
+  _check_bt("tokens_BxT", tokens_BxT)
+  if mask_BxT.shape != tokens_BxT.shape:
+    raise ValueError(f"mask_BxT shape {mask_BxT.shape} != tokens_BxT shape {tokens_BxT.shape}")
+  if isinstance(temperature, (int, float)) and not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature!r}")
+  chunk_size = model.cfg.logits_chunk if chunk_size is None else chunk_size
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  return chunk_size
+
+
 def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1.0,
                    chunk_size: int | None = None, with_entropy: bool = True):
   """Log-probs (and entropies) of the given tokens, in chunks of the flattened sequence.
@@ -294,14 +307,7 @@ def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1
   so batch sharding is kept), each chunk's logits are rematerialised in the backward pass:
   at most one [B, chunk, V] float32 block lives at a time. Returns (logp, entropy or None).
   """
-  _check_bt("tokens_BxT", tokens_BxT)
-  if mask_BxT.shape != tokens_BxT.shape:
-    raise ValueError(f"mask_BxT shape {mask_BxT.shape} != tokens_BxT shape {tokens_BxT.shape}")
-  if isinstance(temperature, (int, float)) and not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature!r}")
-  chunk_size = model.cfg.logits_chunk if chunk_size is None else chunk_size
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+  chunk_size = _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size)
   b, t = tokens_BxT.shape
   zeros = jnp.zeros((b, t), jnp.float32)
   if t == 1:

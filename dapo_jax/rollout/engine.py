@@ -20,9 +20,7 @@ from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
 from dapo_jax.models import qwen2
-from dapo_jax.rollout import sampling
-from dapo_jax.rollout import state as state_lib
-from dapo_jax.rollout import tokenizer as tokenizer_lib
+from dapo_jax.rollout import sampling, state as state_lib, tokenizer as tokenizer_lib
 from dapo_jax.rollout.transfer import transfer_params
 from dapo_jax.rollout.state import DecodeState, Prefix
 
@@ -165,13 +163,16 @@ class Engine(engine_api.Engine):
     self._params = transfer_params(params, self._param_shardings, self._dtype)
     self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
                                 may_alias=False)
-    c = self.cfg
+    self._compile(graphdef)
+
+  def _compile(self, g):
+    """The engine's jitted functions, with the cache and decode state laid out on its mesh."""
+    c, mesh = self.cfg, self._mesh
     self._state_shardings = state_lib.decode_state_shardings(
         mesh, cache_shape=(c.num_layers, self._num_slots, self._max_len, c.num_kv_heads,
                            c.head_dim), vocab_size=c.vocab_size)
     self._prefix_shardings = state_lib.prefix_shardings(
         mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim))
-    g = graphdef
     self._jit_prefill = jax.jit(functools.partial(_prefill, g),
                                 out_shardings=self._prefix_shardings)
     self._jit_insert = jax.jit(_insert, donate_argnums=(1,), out_shardings=self._state_shardings)
@@ -181,10 +182,9 @@ class Engine(engine_api.Engine):
     self._jit_result_step = jax.jit(functools.partial(_result_step, g), donate_argnums=(2,),
                                     out_shardings=(self._state_shardings, None))
     self._jit_init = jax.jit(functools.partial(_init_state, g, self._num_slots, self._max_len,
-                                               self.cfg.vocab_size),
+                                               c.vocab_size),
                              out_shardings=self._state_shardings)
 
-  # ---- params / weight sync ---------------------------------------------------------------
   @property
   def params(self):
     return self._params
@@ -219,7 +219,6 @@ class Engine(engine_api.Engine):
                                    self._dtype)
     return self._params
 
-  # ---- JetStream Engine API --------------------------------------------------------------
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> Prefix:
     """Prefix (Np = 1) of one right-padded prompt; the first response token is drawn from it."""
     if existing_prefix is not None:

@@ -63,6 +63,15 @@ class GroupSampler:
     device-to-device onto the sampler's mesh in its dtype; the old copy is freed first."""
     self.engine.load_params(params, free_old=True)
 
+  def _check_counts(self, group_size, max_new_tokens, prompt_offset) -> tuple[int, int, int]:
+    g = _int_arg(group_size, "group_size", 1)
+    slots = self.engine.max_concurrent_decodes
+    if g > slots:
+      raise ValueError(f"group_size: {g} exceeds num_slots={slots}; a group's samples share one "
+                       "prefix and must fit in the slots together")
+    return (g, _int_arg(max_new_tokens, "max_new_tokens", 1),
+            _int_arg(prompt_offset, "prompt_offset", 0))
+
   def _check_prompts(self, prompts) -> list[np.ndarray]:
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
       raise ValueError(f"prompts: expected a list of token-id lists, got {type(prompts).__name__}")
@@ -102,12 +111,7 @@ class GroupSampler:
     """
     eng = self.engine
     t0 = time.perf_counter()
-    g = _int_arg(group_size, "group_size", 1)
-    if g > eng.max_concurrent_decodes:
-      raise ValueError(f"group_size: {g} exceeds num_slots={eng.max_concurrent_decodes}; a group's "
-                       "samples share one prefix and must fit in the slots together")
-    t_max = _int_arg(max_new_tokens, "max_new_tokens", 1)
-    offset = _int_arg(prompt_offset, "prompt_offset", 0)
+    g, t_max, offset = self._check_counts(group_size, max_new_tokens, prompt_offset)
     sp = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                  eos_ids=eos_ids).validated(eng.cfg.vocab_size)
     rows = self._check_prompts(prompts)
@@ -141,15 +145,8 @@ class GroupSampler:
       steps += int(out["steps"])
       book.collect(out)
 
-    wall = time.perf_counter() - t0
-    gen = int(book.lengths.sum())
-    prompt_lens = [r.size for r in rows]
-    stats = dict(
-        decode_steps=steps, generate_calls=chunks, slot_utilisation=gen / max(steps * b, 1),
-        prefills=n, prefill_calls=prefill_calls, inserts=total,
-        prefill_tokens_saved=sum(prompt_lens) * (g - 1),
-        prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(eng.cfg, x) for x in prompt_lens),
-        generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall)
+    stats = _stats(eng.cfg, book, [r.size for r in rows], g=g, slots=b, steps=steps,
+                   chunks=chunks, prefill_calls=prefill_calls, wall=time.perf_counter() - t0)
     return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, lengths=book.lengths,
                         truncated=book.truncated, stats=stats)
 
@@ -160,6 +157,17 @@ class GroupSampler:
     for j, r in enumerate(rows[start:start + np_batch]):
       toks[j, :r.size], lens[j] = r, r.size
     return self.engine.prefill_batch(params, toks, lens)
+
+
+def _stats(cfg, book, prompt_lens, *, g, slots, steps, chunks, prefill_calls, wall) -> dict:
+  """sample_groups' stats (see its docstring)."""
+  gen = int(book.lengths.sum())
+  return dict(
+      decode_steps=steps, generate_calls=chunks, slot_utilisation=gen / max(steps * slots, 1),
+      prefills=len(prompt_lens), prefill_calls=prefill_calls, inserts=len(prompt_lens) * g,
+      prefill_tokens_saved=sum(prompt_lens) * (g - 1),
+      prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(cfg, x) for x in prompt_lens),
+      generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall)
 
 
 class _Book:

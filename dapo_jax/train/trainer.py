@@ -27,19 +27,18 @@ from dapo_jax import rewards, sharding
 from dapo_jax.config import Config
 from dapo_jax.core import advantages, overlong
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
-from dapo_jax.rollout import budget
 from dapo_jax.rewards import reflection
+from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib
-from dapo_jax.train import recovery
-from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, setup, sft
-from dapo_jax.train import state as state_lib
+from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
 from dapo_jax.train import prefilter as prefilter_lib
+from dapo_jax.train import state as state_lib
 from dapo_jax.train.train_step import logprobs, train_step
+
 
 class TooManyBadSteps(RuntimeError):
   """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
-
 
 def _seed(*parts) -> int:
   """A 31-bit seed from the run seed and loop counters (the same on every host and on resume)."""
@@ -63,9 +62,22 @@ class Run:
   step: int = 0
   bad_steps: int = 0
   first_length: float | None = None
-  # Response lengths by rollout step, for algo.overlong_adaptive (checkpointed).
-  length_history: dict = dataclasses.field(default_factory=dict)
+  length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
   prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
+
+
+def _build_sampler(cfg: Config, model, mcfg):
+  """The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
+  own mesh (all chips, replicas x tensor); with several processes each host drives its slice.
+  Its concurrent sequences come from the KV-cache budget (rollout.kv_cache_gib)."""
+  sampler_mesh = setup.build_sampler_mesh(
+      cfg, jax.local_devices() if multihost.is_multi() else None)
+  num_slots = budget.sampler_slots(
+      num_slots=cfg.rollout.num_slots, kv_cache_gib=cfg.rollout.kv_cache_gib,
+      group_size=cfg.rollout.group_size, mcfg=mcfg, max_len=cfg.seq_len,
+      mesh_shape=sampler_mesh.shape)
+  return make_sampler(model, num_slots=num_slots, max_prompt_len=cfg.task.max_prompt_len,
+                      max_len=cfg.seq_len, mesh=sampler_mesh)
 
 
 def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
@@ -90,21 +102,10 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer),
                   out_shardings=state_lib.shardings(params, optimizer, replicated))(params)
-  # The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
-  # own mesh (all chips, replicas x tensor); with several processes each host drives its slice.
-  sampler_mesh = setup.build_sampler_mesh(
-      cfg, jax.local_devices() if multihost.is_multi() else None)
-  num_slots = budget.sampler_slots(
-      num_slots=cfg.rollout.num_slots, kv_cache_gib=cfg.rollout.kv_cache_gib,
-      group_size=cfg.rollout.group_size, mcfg=mcfg, max_len=seq_len,
-      mesh_shape=sampler_mesh.shape)
-  sampler = make_sampler(nnx.merge(graphdef, params), num_slots=num_slots,
-                         max_prompt_len=cfg.task.max_prompt_len, max_len=seq_len,
-                         mesh=sampler_mesh)
+  sampler = _build_sampler(cfg, nnx.merge(graphdef, params), mcfg)
   a = cfg.algo
   pidx, pcount = setup.process_info()
-  data = PromptIterator(task.train, task.tokenizer,
-                        batch_size=cfg.prompts_per_round,
+  data = PromptIterator(task.train, task.tokenizer, batch_size=cfg.prompts_per_round,
                         seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
                         shard_index=pidx, num_shards=pcount,
                         use_chat_template=cfg.task.chat_template)
@@ -178,8 +179,8 @@ def _batched_logprobs(run: Run, params, arrays, *, with_entropy: bool):
 
 
 def _jitted_train_step(run: Run):
-  # Explicit layouts: the state keeps its (fsdp/tensor) sharding, every mini-batch array is
-  # split over the batch axes, metrics come back replicated.
+  """The update with explicit layouts: the state keeps its (fsdp/tensor) sharding, every
+  mini-batch array is split over the batch axes, metrics come back replicated."""
   state_sh = jax.tree.map(lambda x: x.sharding, run.state)
   replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
   return jax.jit(functools.partial(train_step, graphdef=run.graphdef, optimizer=run.optimizer,
@@ -294,6 +295,20 @@ def _meta(run: Run) -> dict:
           "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
 
 
+def _log_step(run: Run, m: dict, writer, health):
+  """Health warnings, the step's record, the stop after too many skipped steps, periodic eval."""
+  cfg = run.cfg
+  m["warnings"] = health.check(run.step, m)
+  run.first_length = health.first_length
+  writer.write(run.step, m)
+  if run.bad_steps >= cfg.train.max_bad_steps:
+    raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
+                          f"gradients (every update skipped); stopping at step {run.step}")
+  if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
+      and run.step < cfg.train.num_steps:
+    writer.write(run.step, run_eval(run, f"step{run.step}"), kind="eval")
+
+
 def train(run: Run, *, resume: bool) -> dict:
   """The loop. Returns {"before": eval, "after": eval, "steps": n}. After a SIGTERM it stops at
   the next step boundary, saves, and returns {"before": eval, "steps": n, "preempted": True}."""
@@ -301,13 +316,8 @@ def train(run: Run, *, resume: bool) -> dict:
   ckpt = ckpt_lib.Checkpointer(os.path.join(run.workdir, "checkpoints"), keep=cfg.checkpoint.keep,
                                async_save=cfg.checkpoint.async_save)
   results, keep = recovery.start(run, ckpt, resume=resume)
-  writer = metrics_lib.MetricWriter(run.workdir, tensorboard=cfg.log.tensorboard,
-                                    progress=cfg.log.progress, total_steps=cfg.train.num_steps,
-                                    keep_records=keep, is_main=jax.process_index() == 0)
-  health = metrics_lib.HealthMonitor(entropy_floor=cfg.train.entropy_floor,
-                                     entropy_ceiling=cfg.train.entropy_ceiling,
-                                     length_growth=cfg.train.length_growth_warn)
-  health.first_length = run.first_length
+  writer, health = metrics_lib.loggers(cfg, run.workdir, keep_records=keep,
+                                        first_length=run.first_length)
   if "before" not in results:
     results["before"] = run_eval(run, "before")
     writer.write(0, results["before"], kind="eval")
@@ -322,15 +332,7 @@ def train(run: Run, *, resume: bool) -> dict:
       ckpt.poll()  # a failed background save stops the run here, not at the next save
       m = rollout_step(run, step_fn)
       run.step += 1
-      m["warnings"] = health.check(run.step, m)
-      run.first_length = health.first_length
-      writer.write(run.step, m)
-      if run.bad_steps >= cfg.train.max_bad_steps:
-        raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
-                              f"gradients (every update skipped); stopping at step {run.step}")
-      if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
-          and run.step < cfg.train.num_steps:
-        writer.write(run.step, run_eval(run, f"step{run.step}"), kind="eval")
+      _log_step(run, m, writer, health)
       if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
         save()
   finally:
