@@ -13,7 +13,9 @@ from dapo_jax import sharding
 from dapo_jax.core import losses
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
+from dapo_jax.train import train_step as train_step_lib
 from dapo_jax.train.train_step import train_step
+from tests import reference_impl
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, logits_chunk=64)
@@ -217,8 +219,29 @@ def test_warmup_counts_optimizer_updates():
   assert float(state_lib.lr_schedule(lr=0.5, warmup_updates=0)(0)) == 0.5
 
 
+def test_first_step_loss_equals_the_numpy_oracle():
+  """The independent check beside the regression pins below: the first update's loss and clip
+  fraction, recomputed in NumPy (tests/reference_impl.py, a restatement of verl's
+  compute_policy_loss + agg_loss) from the model's own log-probs at the initial params."""
+  graphdef, state, opt = _setup(seed=0)
+  batch = _batch(seed=0)
+  logp, _ = train_step_lib.logprobs(graphdef, state.params, batch["tokens"], batch["attn_mask"],
+                                    with_entropy=False)
+  logp = np.asarray(logp, np.float64)
+  mask = batch["loss_mask"].astype(np.float64)
+  adv_BxT = np.broadcast_to(batch["adv"][:, None], logp.shape).astype(np.float64)
+  mat = reference_impl.policy_loss_matrix(logp, batch["old_logp"], adv_BxT, 0.2, 0.28, 10.0)
+  want = reference_impl.agg_loss(mat, mask, "token-mean")
+  ratio = np.exp(np.clip(logp - batch["old_logp"], -20, 20))
+  clipped = (-adv_BxT * np.clip(ratio, 0.8, 1.28)) > (-adv_BxT * ratio)
+  _, m = _step(graphdef, opt, _cfg())(state, batch)
+  assert float(m["loss"]) == pytest.approx(want, rel=1e-5, abs=1e-6)
+  assert float(m["clipfrac"]) == pytest.approx((clipped * mask).sum() / mask.sum(), abs=1e-6)
+
+
 def test_golden_metrics_two_steps():
-  """Golden values for two updates from a fixed init and batch.
+  """Regression pins (values this code printed, not derived independently; the first step's
+  loss is checked against the NumPy oracle above): two updates from a fixed init and batch.
 
   Update these numbers only for an intended change of the maths (loss, optimizer, model init or
   the batch builder above), never to make a failing refactor pass; say why in the commit.
