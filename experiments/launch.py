@@ -26,6 +26,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from dapo_jax.train import checkpoint_dirs  # noqa: E402  (stdlib only; no JAX in the launcher)
 
 
 @dataclasses.dataclass
@@ -38,8 +40,7 @@ class RunSpec:
   def status(self) -> str:
     if os.path.exists(os.path.join(self.workdir, "results.json")):
       return "done"
-    ck = os.path.join(self.workdir, "checkpoints")
-    if os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck)):
+    if checkpoint_dirs.latest(os.path.join(self.workdir, "checkpoints")) is not None:
       return "interrupted"
     return "new"
 

@@ -192,3 +192,14 @@ def test_metrics_log_is_cut_back_to_the_checkpoint(tmp_path, capsys):
   # TensorBoard hides the old steps 4 and 5 (the event file of the first writer may have been
   # replaced: same pid and second, same file name).
   assert _tb_purge_steps(tmp_path / "tensorboard")[-1] == 4
+
+
+def test_checkpoint_dirs_is_the_one_latest_step_answer(tmp_path):
+  from dapo_jax.train import checkpoint_dirs  # pylint: disable=import-outside-toplevel
+  d = tmp_path / "checkpoints"
+  assert checkpoint_dirs.steps(str(d)) == [] and checkpoint_dirs.latest(str(d)) is None
+  for name in ("2", "10", "7.orbax-checkpoint-tmp-1", "corrupt"):
+    (d / name).mkdir(parents=True)
+  (d / "3").write_text("a file, not a step directory")
+  assert checkpoint_dirs.steps(str(d)) == [2, 10]
+  assert checkpoint_dirs.latest(str(d)) == 10

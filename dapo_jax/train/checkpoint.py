@@ -25,6 +25,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from dapo_jax.train import checkpoint_dirs
+
 MANIFEST = "dapo_sha256.json"
 TMP_MARK = ".orbax-checkpoint-tmp"
 # Orbax rewrites this step metadata (commit time) after the rename: it must exist, but its bytes
@@ -147,7 +149,7 @@ class Checkpointer:
 
   def steps(self) -> list[int]:
     """Committed step directories on disk, oldest first (intact or not)."""
-    return sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+    return checkpoint_dirs.steps(self.directory)
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()

@@ -30,7 +30,7 @@ from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import make_sampler
-from dapo_jax.train import checkpoint as ckpt_lib
+from dapo_jax.train import checkpoint as ckpt_lib, checkpoint_dirs
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
 from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
@@ -87,9 +87,7 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)
   seq_len = cfg.seq_len
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  has_ckpt = resume and os.path.isdir(ckpt_dir) and any(
-      d.isdigit() for d in os.listdir(ckpt_dir))
+  has_ckpt = resume and checkpoint_dirs.latest(os.path.join(workdir, "checkpoints")) is not None
   if cfg.warm_start.steps and not has_ckpt:
     params, _ = sft.warm_start(
         graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
