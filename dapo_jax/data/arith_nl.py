@@ -11,13 +11,12 @@ rewards.math_answer. Numbers stay in 1..max_value and the count never goes below
 held-out problems never coincide: a problem's split is a hash of its text, whatever the seed.
 """
 import dataclasses
-import hashlib
 import random
 
 from dapo_jax.data import template
-from dapo_jax.data.example import Example
+from dapo_jax.data.example import SPLITS  # noqa: F401  (re-exported)
+from dapo_jax.data.example import Example, check_examples_args, check_int_fields, split_of
 
-SPLITS = ("train", "heldout")
 MAX_DIFFICULTY = 6
 _NAMES = (("Mia", "She"), ("Sam", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"),
           ("Ben", "He"), ("Ivy", "She"), ("Max", "He"), ("Eva", "She"), ("Tom", "He"))
@@ -35,24 +34,15 @@ class ArithNLTask:
   heldout_percent: int = 10  # share of the problem space that belongs to the held-out split
 
   def __post_init__(self):
-    for name, lo, hi in (("difficulty", 1, MAX_DIFFICULTY), ("max_value", 2, 10**6),
-                         ("heldout_percent", 1, 99)):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"arith_nl.{name}: expected an int in [{lo}, {hi}], got {value!r}")
-    if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-      raise ValueError(f"arith_nl.seed: expected an int, got {self.seed!r}")
+    check_int_fields(self, (("difficulty", 1, MAX_DIFFICULTY), ("max_value", 2, 10**6),
+                            ("heldout_percent", 1, 99)), prefix="arith_nl.")
 
   def split_of(self, problem: str) -> str:
-    h = int.from_bytes(hashlib.sha256(problem.encode()).digest()[:8], "big")
-    return "heldout" if h % 100 < self.heldout_percent else "train"
+    return split_of(problem, self.heldout_percent)
 
   def examples(self, split: str, n: int) -> list[Example]:
     """n distinct problems of `split`, the same list for the same (seed, split, n)."""
-    if split not in SPLITS:
-      raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-      raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    check_examples_args(split, n)
     rng = random.Random(f"arith_nl/{self.seed}/{split}/{self.difficulty}/{self.max_value}")
     out, seen = [], set()
     for _ in range(1000 + 200 * n):

@@ -1,5 +1,6 @@
 """The record every dataset here yields, the skip/dedup report, and answer normalisation."""
 import dataclasses
+import hashlib
 import math
 import re
 
@@ -61,3 +62,31 @@ def integer_answer(value) -> str | None:
   if not _INT_RE.fullmatch(s):
     return None
   return str(int(s.split(".")[0].replace(",", "")))
+
+
+# ----- generated task families (synthetic, arith_nl) ------------------------------------------
+SPLITS = ("train", "heldout")
+
+
+def check_int_fields(obj, ranges, *, prefix: str = ""):
+  """Each (field, lo, hi) of `obj` an int in [lo, hi], and obj.seed an int; errors name
+  `prefix + field`."""
+  for name, lo, hi in ranges:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+      raise ValueError(f"{prefix}{name}: expected an int in [{lo}, {hi}], got {value!r}")
+  if isinstance(obj.seed, bool) or not isinstance(obj.seed, int):
+    raise ValueError(f"{prefix}seed: expected an int, got {obj.seed!r}")
+
+
+def split_of(problem: str, heldout_percent: int) -> str:
+  """'heldout' or 'train', from a hash of the problem text alone (independent of the seed)."""
+  h = int.from_bytes(hashlib.sha256(problem.encode()).digest()[:8], "big")
+  return "heldout" if h % 100 < heldout_percent else "train"
+
+
+def check_examples_args(split: str, n: int):
+  if split not in SPLITS:
+    raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    raise ValueError(f"n: expected an int >= 0, got {n!r}")
