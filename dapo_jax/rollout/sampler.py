@@ -109,8 +109,7 @@ class GroupSampler:
     prefill_tokens_saved and prefill_flops_saved (what prefilling every sample separately would
     have added), generated_tokens, wall_time_s, tokens_per_s.
     """
-    eng = self.engine
-    t0 = time.perf_counter()
+    eng, t0 = self.engine, time.perf_counter()
     g, t_max, offset = self._check_counts(group_size, max_new_tokens, prompt_offset)
     sp = sampling.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                  eos_ids=eos_ids).validated(eng.cfg.vocab_size)
@@ -123,7 +122,6 @@ class GroupSampler:
     prefix, pb_start = None, -1
     next_sample, total = 0, n * g  # samples are queued in (prompt, sample) order
     steps = prefill_calls = chunks = 0
-
     while True:
       while book.free and next_sample < total:  # refill every free slot before the next step
         if prefix is None or not pb_start <= next_sample // g < pb_start + np_batch:
@@ -132,8 +130,7 @@ class GroupSampler:
           prefill_calls += 1
         stop = min(total, (pb_start + np_batch) * g, next_sample + len(book.free))
         ids = np.arange(next_sample, stop)
-        slots = book.assign(ids)
-        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=slots,
+        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=book.assign(ids),
                              prompt_ids=ids // g + offset, sample_ids=ids % g,
                              max_new=np.full(ids.shape, t_max))
         next_sample = stop
