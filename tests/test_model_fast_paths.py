@@ -2,8 +2,10 @@
 on a per-layer vs stacked cache, and live-prefix attention buckets vs the whole cache."""
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from dapo_jax.models import layers as L
@@ -50,3 +52,13 @@ def test_decode_buckets_and_prefix_attention():
   allowed = jnp.arange(192)[None, :] <= jnp.asarray([5, 70, 127])[:, None]
   full = L.attend_one(q, k, v, allowed)
   np.testing.assert_allclose(L.attend_one_prefix(q, k, v, allowed, n=128), full, atol=1e-6)
+
+
+def test_layer_loop_choice():
+  from dapo_jax import sharding  # pylint: disable=import-outside-toplevel
+  from dapo_jax.rollout import device_fns  # pylint: disable=import-outside-toplevel
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+  assert device_fns.per_layer_decode(mesh) is True  # CPU: per-layer carry
+  assert device_fns.per_layer_decode(mesh, "scan") is False
+  with pytest.raises(ValueError, match="layer_loop: must be one of"):
+    device_fns.per_layer_decode(mesh, "unroll")

@@ -5,6 +5,7 @@ The constants below were generated with the implementation of commit 2d79f42 (be
 issue-14 decode changes: layer scan, full-cache attention, [L, B, S, Kv, Hd] cache), by running
 exactly `_sample` below and printing the outputs (log-probs rounded to 6 decimals).
 Tokens must match exactly; log-probs to 1e-4 (a different float32 reduction order is allowed).
+Both decode layer loops are pinned: per-layer (CPU's default) and scanned (accelerators').
 """
 import jax
 import numpy as np
@@ -12,7 +13,8 @@ import pytest
 from flax import nnx
 
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
-from dapo_jax.rollout.sampler import make_sampler
+from dapo_jax.rollout.engine import Engine
+from dapo_jax.rollout.sampler import GroupSampler
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)
@@ -41,13 +43,14 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def sampler():
+@pytest.fixture(scope="module", params=["unrolled", "scan"])
+def sampler(request):
   """Peaked tiny model (weights x4, LM head x32), 4 slots for 9 samples: slots are refilled."""
   m = Qwen2(CFG, rngs=nnx.Rngs(0))
   nnx.update(m, jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, nnx.state(m, nnx.Param)))
   m.lm_head.set_value(m.lm_head.get_value() * 8.0)
-  return make_sampler(m, num_slots=4, max_prompt_len=12, max_len=24, steps_per_call=5)
+  return GroupSampler(Engine(m, num_slots=4, max_prompt_len=12, max_len=24, steps_per_call=5,
+                             layer_loop=request.param))
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dapo_jax import sharding
 from dapo_jax.aot import shapes
 from dapo_jax.config import Config
-from dapo_jax.rollout import budget, engine as engine_lib, sampling, state as rstate
+from dapo_jax.rollout import budget, device_fns, sampling, state as rstate
 from dapo_jax.train import setup
 from dapo_jax.train.train_step import logprobs, train_step
 
@@ -115,13 +115,14 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int) -> tuple[list, d
   key = host((2,), jnp.uint32)
   scal = [host((), jnp.float32), host((), jnp.float32), host((), jnp.int32)]
   eos = host((sampling.MAX_EOS_IDS,), jnp.int32)
-  init = functools.partial(engine_lib._init_state, g, slots, max_len, c.vocab_size)  # pylint: disable=protected-access
+  init = functools.partial(device_fns.init_state, g, slots, max_len, c.vocab_size)
   st = shapes.sds(jax.eval_shape(init, sm.params, rest, key, *scal, eos), state_sh)
-  prefill = jax.jit(functools.partial(engine_lib._prefill, g), out_shardings=prefix_sh)  # pylint: disable=protected-access
+  prefill = jax.jit(functools.partial(device_fns.prefill, g), out_shardings=prefix_sh)
   toks = (host((np_batch, cfg.task.max_prompt_len), jnp.int32), host((np_batch,), jnp.int32))
   prefix = shapes.sds(jax.eval_shape(prefill, sm.params, rest, *toks), prefix_sh)
-  insert = jax.jit(engine_lib._insert, donate_argnums=(1,), out_shardings=state_sh)  # pylint: disable=protected-access
-  chunk = jax.jit(functools.partial(engine_lib._generate_chunk, g, max_steps=steps_per_call),  # pylint: disable=protected-access
+  insert = jax.jit(device_fns.insert, donate_argnums=(1,), out_shardings=state_sh)
+  chunk = jax.jit(functools.partial(device_fns.generate_chunk, g, max_steps=steps_per_call,
+                                    per_layer=device_fns.per_layer_decode(smesh)),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
   ids = [host((slots,), jnp.int32)] * 5
   jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks),

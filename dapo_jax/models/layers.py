@@ -146,3 +146,26 @@ def swiglu(x, w_gate, w_up, w_down):
   g = jnp.einsum("btd,df->btf", x, w_gate.astype(dt))
   u = jnp.einsum("btd,df->btf", x, w_up.astype(dt))
   return jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, w_down.astype(dt))
+
+
+def decoder_layer(cfg: ModelConfig, p: dict, h, cos, sin, attention):
+  """One pre-norm decoder layer; `attention(q, k, v) -> (out, aux)` hides cache handling."""
+  dt = h.dtype
+  eps = cfg.rms_norm_eps
+  x = rms_norm(h, p["attn_norm"], eps=eps)
+  q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
+  k = jnp.einsum("btd,dhk->bthk", x, p["wk"].astype(dt))
+  v = jnp.einsum("btd,dhk->bthk", x, p["wv"].astype(dt))
+  if cfg.attention_bias:
+    q = q + p["bq"].astype(dt)[None, None]
+    k = k + p["bk"].astype(dt)[None, None]
+    v = v + p["bv"].astype(dt)[None, None]
+  if cfg.qk_norm:
+    q = rms_norm(q, p["q_norm"], eps=eps)
+    k = rms_norm(k, p["k_norm"], eps=eps)
+  q = apply_rope(q, cos, sin)
+  k = apply_rope(k, cos, sin)
+  o, aux = attention(q, k, v)
+  h = h + jnp.einsum("bthk,hkd->btd", o, p["wo"].astype(dt))
+  x = rms_norm(h, p["mlp_norm"], eps=eps)
+  return h + swiglu(x, p["w_gate"], p["w_up"], p["w_down"]), aux

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models import decode as decode_lib
 from dapo_jax.models import layers as L
 from dapo_jax.models.config import ModelConfig
 
@@ -73,29 +74,6 @@ class Layers(nnx.Module):
             if isinstance(v, nnx.Param)}
 
 
-def _layer(cfg: ModelConfig, p: dict, h, cos, sin, attention):
-  """One pre-norm decoder layer; `attention(q, k, v) -> (out, aux)` hides cache handling."""
-  dt = h.dtype
-  eps = cfg.rms_norm_eps
-  x = L.rms_norm(h, p["attn_norm"], eps=eps)
-  q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
-  k = jnp.einsum("btd,dhk->bthk", x, p["wk"].astype(dt))
-  v = jnp.einsum("btd,dhk->bthk", x, p["wv"].astype(dt))
-  if cfg.attention_bias:
-    q = q + p["bq"].astype(dt)[None, None]
-    k = k + p["bk"].astype(dt)[None, None]
-    v = v + p["bv"].astype(dt)[None, None]
-  if cfg.qk_norm:
-    q = L.rms_norm(q, p["q_norm"], eps=eps)
-    k = L.rms_norm(k, p["k_norm"], eps=eps)
-  q = L.apply_rope(q, cos, sin)
-  k = L.apply_rope(k, cos, sin)
-  o, aux = attention(q, k, v)
-  h = h + jnp.einsum("bthk,hkd->btd", o, p["wo"].astype(dt))
-  x = L.rms_norm(h, p["mlp_norm"], eps=eps)
-  return h + L.swiglu(x, p["w_gate"], p["w_up"], p["w_down"]), aux
-
-
 def default_positions(mask_BxT):
   """Position of each token among the real tokens of its row: clip(cumsum(mask) - 1, 0)."""
   return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=1) - 1, 0)
@@ -144,7 +122,7 @@ class Qwen2(nnx.Module):
     slices and, in the backward pass, its stacked gradient / residual updates.
     """
     def body(h, p):
-      return _layer(self.cfg, p, h, cos, sin, attention)
+      return L.decoder_layer(self.cfg, p, h, cos, sin, attention)
 
     if remat:
       body = jax.checkpoint(body, prevent_cse=False,
@@ -235,12 +213,14 @@ class Qwen2(nnx.Module):
   def decode_step(self, tokens_B, positions_B, cache, *, layer_params=None):
     """One token per slot: writes its K/V at `positions_B`, attends to keys j <= position.
 
-    Rows may be at different positions. Positions must be < the cache length S. `cache` is
-    {"k", "v"} stacked [L, B, S, Kv, Hd] or per layer (`split_cache`, what a decode loop
-    carries: updating one layer then touches only that layer's buffer); the result has the
-    same form. `layer_params`: `layer_params()` taken once outside a decode loop.
-    Layers are unrolled; attention reads only the first `n` cache positions, n the smallest
-    bucket (`decode_buckets`) holding every row's position, chosen at run time.
+    Rows may be at different positions. Positions must be < the cache length S. The cache's
+    form picks the layer loop, and the result has the same form:
+    - stacked {"k", "v"} [L, B, S, Kv, Hd]: lax.scan over layers, the cache updated in place
+      (the form for accelerators and big models: one cache buffer, no per-layer copies);
+    - per layer (`split_cache`): layers unrolled, each updating only its own buffer (what
+      the CPU decode loop carries; `layer_params`: `layer_params()` taken once outside it).
+    Attention reads only the first `n` cache positions, n the smallest bucket
+    (`decode_buckets`) holding every row's position, chosen at run time.
     """
     _check_bt("tokens_B", tokens_B, ndim=1)
     b = tokens_B.shape[0]
@@ -251,27 +231,21 @@ class Qwen2(nnx.Module):
       raise ValueError(f"cache must be {{'k', 'v'}} with {self.cfg.num_layers} layers and "
                        f"batch {b}, got {jax.tree.map(jnp.shape, cache)}")
     stacked = not isinstance(cache["k"], (list, tuple))
-    ks, vs = split_cache(cache) if stacked else (list(cache["k"]), list(cache["v"]))
-    s = ks[0].shape[1]
-    rows = jnp.arange(b)
-    allowed_BxS = jnp.arange(s)[None, :] <= positions_B[:, None]
+    s = cache["k"][0].shape[-3]
     sizes = L.decode_buckets(s)
     bucket = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), jnp.max(positions_B) + 1),
                          len(sizes) - 1)
-    branches = [functools.partial(L.attend_one_prefix, n=n) for n in sizes]
+    at = decode_lib.DecodeAt(rows=jnp.arange(b), positions_B=positions_B, bucket=bucket, sizes=sizes,
+                   allowed_BxS=jnp.arange(s)[None, :] <= positions_B[:, None])
     cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(self.cfg))
     h = self._embed(tokens_B[:, None])
-    for i, p in enumerate(layer_params or self.layer_params()):
-      def attention(q, k, v, i=i):
-        ks[i] = ks[i].at[rows, positions_B].set(k[:, 0].astype(ks[i].dtype))
-        vs[i] = vs[i].at[rows, positions_B].set(v[:, 0].astype(vs[i].dtype))
-        o = jax.lax.switch(bucket, branches, q, ks[i], vs[i], allowed_BxS)
-        return o, None
-      h, _ = _layer(self.cfg, p, h, cos, sin, attention)
+    if stacked:
+      h, cache = decode_lib.scanned(self.cfg, self.layers.arrays(), h, cos, sin, cache, at)
+    else:
+      h, cache = decode_lib.unrolled(self.cfg, layer_params or self.layer_params(), h, cos,
+                                     sin, cache, at)
     h = L.rms_norm(h[:, 0], self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
-    cache = stack_cache(ks, vs) if stacked else {"k": tuple(ks), "v": tuple(vs)}
     return self.logits(h), cache
-
 
 def split_cache(cache) -> tuple[list, list]:
   """Stacked {"k", "v"} [L, B, S, Kv, Hd] -> (keys, values): lists of L [B, S, Kv, Hd]."""

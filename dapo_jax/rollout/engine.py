@@ -3,7 +3,8 @@
 Prefill computes a prompt's KV cache and its next-token logits; insert copies that prefix into a
 decode slot; generate samples one token in every live slot and runs one decode step. The group
 sampler (sampler.py) drives the very same jitted functions, batching inserts and running
-several steps per call (`generate_chunk`, a while loop over `_step`), so there is one code path.
+several steps per call (`generate_chunk`, a while loop over one step), so there is one code
+path. The functions themselves are pure and live in device_fns.py.
 
 Shapes are fixed at construction (slots, prompt and total length), sampling parameters and
 params are traced arguments, so neither new params nor refilled slots recompile.
@@ -19,101 +20,14 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
-from dapo_jax.models import qwen2
-from dapo_jax.rollout import sampling, state as state_lib, tokenizer as tokenizer_lib
+from dapo_jax.rollout import device_fns, sampling, state as state_lib, tokenizer as tokenizer_lib
 from dapo_jax.rollout.transfer import transfer_params
 from dapo_jax.rollout.state import DecodeState, Prefix
-
 
 def _positive_int(value, name: str) -> int:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
     raise ValueError(f"{name}: must be a positive int, got {value!r}")
   return int(value)
-
-
-def _step(graphdef, params, rest, st: DecodeState, layer_params=None):
-  """Samples one token in every slot, then runs the decode step for it (inactive slots idle).
-  The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`."""
-  keys_B = jax.vmap(lambda kd, t: jax.random.fold_in(state_lib.wrap_key(kd), t))(
-      st.keys_Bx2, st.gen_len_B)
-  tok_B, logp_B = sampling.sample_tokens(
-      st.logits_BxV, keys_B, temperature=st.temperature, top_p=st.top_p, top_k=st.top_k)
-  valid_B = st.active_B
-  tok_B = jnp.where(valid_B, tok_B, 0)
-  logp_B = jnp.where(valid_B, logp_B, 0.0)
-  gen_len_B = st.gen_len_B + valid_B.astype(jnp.int32)
-  hit_eos_B = jnp.any(tok_B[:, None] == st.eos_E[None, :], axis=-1)
-  active_B = valid_B & ~hit_eos_B & (gen_len_B < st.max_new_B)
-  # A slot that just finished still runs this decode step (rows are computed together); its
-  # position is clamped so a free slot never writes outside the cache.
-  max_pos = jax.tree.leaves(st.cache["k"])[0].shape[-3] - 1
-  model = nnx.merge(graphdef, params, rest)
-  logits_BxV, cache = model.decode_step(tok_B, jnp.minimum(st.positions_B, max_pos), st.cache,
-                                        layer_params=layer_params)
-  new = st.replace(
-      cache=cache, logits_BxV=logits_BxV.astype(jnp.float32),
-      positions_B=st.positions_B + active_B.astype(jnp.int32), gen_len_B=gen_len_B,
-      active_B=active_B)
-  return new, tok_B, logp_B, valid_B
-
-
-def _generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, max_steps: int):
-  """Runs up to max_steps steps; stops early once every slot is free, or (when stop_on_finish)
-  as soon as any sample finishes, so the host can refill that slot at once. The loop carries
-  the cache per layer and per-layer weights sliced once before it: XLA:CPU would otherwise
-  copy every stacked weight and a whole layer of cache at each step."""
-  b = st.active_B.shape[0]
-  layer_params = nnx.merge(graphdef, params, rest).layer_params()
-  ks, vs = qwen2.split_cache(st.cache)
-  st = st.replace(cache={"k": tuple(ks), "v": tuple(vs)})
-
-  def cond(carry):
-    i, s, _, _, finished = carry
-    return (i < max_steps) & jnp.any(s.active_B) & ~(stop_on_finish & finished)
-
-  def body(carry):
-    i, s, tok_BxK, logp_BxK, _ = carry
-    s, tok_B, logp_B, valid_B = _step(graphdef, params, rest, s, layer_params)
-    tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
-    logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
-    return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
-
-  init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
-          jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
-  steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
-  st = st.replace(cache=qwen2.stack_cache(st.cache["k"], st.cache["v"]))
-  return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
-                  active_B=st.active_B)
-
-
-def _prefill(graphdef, params, rest, tokens_NxP, lengths_N) -> Prefix:
-  model = nnx.merge(graphdef, params, rest)
-  logits_NxV, cache = model.prefill(tokens_NxP, lengths_N)
-  return Prefix(cache=cache, logits_NpxV=logits_NxV.astype(jnp.float32), lengths_Np=lengths_N)
-
-
-def _insert(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_id_K, max_new_K):
-  """Copies prefix rows src_K into slots slot_K (an index equal to the slot count is a no-op)."""
-  p = prefix.cache["k"].shape[2]
-  s_len = st.cache["k"].shape[2]
-  cache = {name: st.cache[name].at[:, slot_K, :p].set(prefix.cache[name][:, src_K], mode="drop")
-           for name in ("k", "v")}
-  len_K = prefix.lengths_Np[src_K]
-  root = state_lib.wrap_key(st.root_key_2)
-  keys_Kx2 = jax.vmap(lambda a, b: jax.random.key_data(
-      jax.random.fold_in(jax.random.fold_in(root, a), b)))(prompt_id_K, sample_id_K)
-
-  def put(x, v):
-    return x.at[slot_K].set(v, mode="drop")
-
-  return st.replace(
-      cache=cache,
-      logits_BxV=put(st.logits_BxV, prefix.logits_NpxV[src_K]),
-      positions_B=put(st.positions_B, len_K),
-      gen_len_B=put(st.gen_len_B, jnp.zeros_like(len_K)),
-      max_new_B=put(st.max_new_B, jnp.minimum(max_new_K, s_len - len_K)),
-      active_B=put(st.active_B, jnp.ones_like(len_K, jnp.bool_)),
-      keys_Bx2=put(st.keys_Bx2, keys_Kx2))
 
 
 class Engine(engine_api.Engine):
@@ -129,12 +43,14 @@ class Engine(engine_api.Engine):
   bos_id / pad_id: what JetStream's orchestrator pads requests with (bos_id defaults to the HF
     tokenizer's; needed for serving only).
   tokenizer_path: HF tokenizer dir for JetStream text requests; None serves token-id requests.
+  layer_loop: the decode loop's layer loop, one of device_fns.LAYER_LOOPS
+    (`device_fns.per_layer_decode`: "auto" = per layer on CPU, scanned on accelerators).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
                sampling_params: sampling.SamplingParams = sampling.SamplingParams(),
                steps_per_call: int = 16, tokenizer_path: str | None = None,
-               bos_id: int | None = None, pad_id: int = 0):
+               bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto"):
     self._num_slots = _positive_int(num_slots, "num_slots")
     self._max_prompt_len = _positive_int(max_prompt_len, "max_prompt_len")
     self._max_len = _positive_int(max_len, "max_len")
@@ -154,6 +70,7 @@ class Engine(engine_api.Engine):
       mesh = sharding_lib.make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
                                     devices=jax.devices()[:1])
     self._mesh = mesh
+    self._per_layer = device_fns.per_layer_decode(mesh, layer_loop)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = _param_shardings(model, mesh)
@@ -173,15 +90,19 @@ class Engine(engine_api.Engine):
                            c.head_dim), vocab_size=c.vocab_size)
     self._prefix_shardings = state_lib.prefix_shardings(
         mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim))
-    self._jit_prefill = jax.jit(functools.partial(_prefill, g),
+    self._jit_prefill = jax.jit(functools.partial(device_fns.prefill, g),
                                 out_shardings=self._prefix_shardings)
-    self._jit_insert = jax.jit(_insert, donate_argnums=(1,), out_shardings=self._state_shardings)
+    self._jit_insert = jax.jit(device_fns.insert, donate_argnums=(1,),
+                               out_shardings=self._state_shardings)
     self._jit_chunk = jax.jit(
-        functools.partial(_generate_chunk, g, max_steps=self._steps_per_call),
+        functools.partial(device_fns.generate_chunk, g, max_steps=self._steps_per_call,
+                          per_layer=self._per_layer),
         donate_argnums=(2,), out_shardings=(self._state_shardings, None))
-    self._jit_result_step = jax.jit(functools.partial(_result_step, g), donate_argnums=(2,),
+    self._jit_result_step = jax.jit(functools.partial(device_fns.result_step, g),
+                                    donate_argnums=(2,),
                                     out_shardings=(self._state_shardings, None))
-    self._jit_init = jax.jit(functools.partial(_init_state, g, self._num_slots, self._max_len,
+    self._jit_init = jax.jit(functools.partial(device_fns.init_state, g, self._num_slots,
+                                               self._max_len,
                                                c.vocab_size),
                              out_shardings=self._state_shardings)
 
@@ -272,7 +193,7 @@ class Engine(engine_api.Engine):
                                        length_idx=(2, 3), samples_per_slot=1)
 
   def generate_chunk(self, params, decode_state: DecodeState, *, stop_on_finish: bool):
-    """Up to steps_per_call steps in one call (see `_generate_chunk`) -> (state, outputs)."""
+    """Up to steps_per_call steps in one call (`device_fns.generate_chunk`) -> (state, outs)."""
     return self._jit_chunk(params, self._rest, decode_state, jnp.bool_(stop_on_finish))
 
   def init_decode_state(self, sampling_params: sampling.SamplingParams | None = None):
@@ -322,20 +243,6 @@ class Engine(engine_api.Engine):
   def colocated_cpus(self) -> None:
     # Host-side work here is plain numpy on the controller; no colocated CPU devices are used.
     return None
-
-
-def _result_step(graphdef, params, rest, st: DecodeState):
-  """`_step` packed as JetStream wants it: one int32 row per slot."""
-  st, tok_B, _, valid_B = _step(graphdef, params, rest, st)
-  return st, jnp.stack([tok_B, valid_B.astype(jnp.int32), st.gen_len_B], axis=-1)
-
-
-def _init_state(graphdef, num_slots, max_len, vocab_size, params, rest, root_key_2,
-                temperature, top_p, top_k, eos_E) -> DecodeState:
-  cache = nnx.merge(graphdef, params, rest).init_cache(num_slots, max_len)
-  return state_lib.empty_decode_state(
-      cache=cache, vocab_size=vocab_size, root_key_2=root_key_2, temperature=temperature,
-      top_p=top_p, top_k=top_k, eos_E=eos_E)
 
 
 def _name(path) -> str:
