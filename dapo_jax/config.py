@@ -13,6 +13,9 @@ from dapo_jax import config_checks
 from dapo_jax.core import losses as core_losses
 
 
+ModeParams = tuple[tuple[str, float | None], ...]  # (knob, value) pairs, sorted: hashable
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelCfg:
   source: str                 # "config" (init from the fields below) | "hf" (load hf_path)
@@ -72,14 +75,9 @@ class AlgoCfg:
   loss_mode: str              # one of core.loss_modes.MODES: dapo | gspo | cispo | sapo | ...
   loss_agg: str               # one of core.losses.AGG_MODES
   loss_scale_factor: float | None  # tokens, seq-mean-token-sum-norm divisor; None = max_new_tokens
-  # Parameters of the other loss modes; None = the paper default in core.loss_modes.MODES.
-  tau_pos: float | None       # sapo: gate temperature for A > 0
-  tau_neg: float | None       # sapo: gate temperature for A < 0
-  clip_cov_ratio: float | None  # clip_cov: share of loss tokens detached
-  clip_cov_lb: float | None   # clip_cov: covariance band lower bound
-  clip_cov_ub: float | None   # clip_cov: covariance band upper bound
-  kl_cov_ratio: float | None  # kl_cov: share of loss tokens given the KL term
-  kl_cov_coef: float | None   # kl_cov: coefficient of |log r| (policy_loss's kl_coef)
+  # The loss modes' own knobs (core.loss_modes.MODE_KNOBS: tau_pos, clip_cov_ratio, kl_coef,
+  # ...), named as policy_loss's keywords; None = the mode's paper default (loss_modes.MODES).
+  mode_params: ModeParams
   is_correction: str          # core.offpolicy.IS_KINDS: none | tis_token | tis_seq | mask_*
   is_cap: float               # IS weight cap (tis_*) / band [1/cap, cap] (mask_*); > 1
   adv_scale_by_std: bool      # False = Dr. GRPO (R − mean)
@@ -105,11 +103,11 @@ class AlgoCfg:
   old_logp_source: str        # "recompute" (trainer forward, as the reference) | "sampler"
 
   def loss_params(self) -> dict:
-    """The keywords of core.losses.policy_loss for this loss mode, read from the field of the
-    same name (kl_cov's `kl_coef` from `kl_cov_coef`: `kl_coef` is the reference-KL term)."""
-    field = {"kl_coef": "kl_cov_coef"}
+    """The keywords of core.losses.policy_loss for this loss mode: the shared clip fields
+    (eps_low, eps_high, clip_c; 0 = no dual clip) and the mode's own knobs from mode_params."""
+    own = dict(self.mode_params)
     names = ("eps_low", "eps_high", *core_losses.MODES[self.loss_mode].defaults)
-    params = {k: getattr(self, field.get(k, k)) for k in dict.fromkeys(names)}
+    params = {k: own[k] if k in own else getattr(self, k) for k in dict.fromkeys(names)}
     if "clip_c" in params:
       params["clip_c"] = self.clip_c or None
     return params
@@ -261,8 +259,26 @@ def _convert(section: str, cls, raw: Mapping[str, Any]):
     elif t is str:
       if not isinstance(v, str):
         raise ValueError(f"{where}: expected a string, got {v!r}")
+    elif t == ModeParams:
+      v = _mode_params(where, v)
     out[name] = v
   return cls(**out)
+
+
+def _mode_params(where: str, v) -> ModeParams:
+  """algo.mode_params: exactly the knobs of core.loss_modes.MODE_KNOBS, each a number or None."""
+  if not isinstance(v, Mapping):
+    raise ValueError(f"{where}: expected a section of loss-mode knobs, got {v!r}")
+  known = core_losses.loss_modes.MODE_KNOBS
+  unknown, missing = sorted(set(v) - set(known)), sorted(set(known) - set(v))
+  if unknown:
+    raise ValueError(f"{where}: unknown knob(s) {unknown}; known: {list(known)}")
+  if missing:
+    raise ValueError(f"{where}: missing knob(s) {missing}")
+  for k, x in v.items():
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+      raise ValueError(f"{where}.{k}: expected a number or None, got {x!r}")
+  return tuple(sorted((k, None if x is None else float(x)) for k, x in v.items()))
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "seed"}

@@ -111,7 +111,8 @@ def _validate_loss(a: "AlgoCfg"):
   _require(a.clip_c == 0 or a.clip_c > 1, "algo.clip_c", f"must be 0 (off) or > 1, got {a.clip_c}")
   _require(a.loss_mode in core_losses.MODES, "algo.loss_mode",
            f"unknown loss mode {a.loss_mode!r}; expected one of {tuple(core_losses.MODES)}")
-  field = {"agg": "loss_agg", "mode": "loss_mode", "kl_coef": "kl_cov_coef"}
+  field = {"agg": "loss_agg", "mode": "loss_mode",
+           **{k: f"mode_params.{k}" for k in core_losses.loss_modes.MODE_KNOBS}}
   try:
     for mode in core_losses.MODES:  # every knob, also those of modes not in use
       params = dataclasses.replace(a, loss_mode=mode).loss_params()

@@ -128,7 +128,9 @@ def test_sweeps_are_data():
     ("eval.every_steps", -2, "eval.every_steps"), ("eval.num_problems", -5, "eval.num_problems"),
     ("task.num_train", -3, "task.num_train"), ("train.micro_batch_size", 0, "micro_batch_size"),
     ("algo.loss_mode", "ppo", "algo.loss_mode"), ("algo.loss_agg", "sum", "algo.loss_agg"),
-    ("algo.tau_pos", 0.0, "algo.tau_pos"), ("algo.is_correction", "tis", "algo.is_correction"),
+    ("algo.mode_params.tau_pos", 0.0, "algo.mode_params.tau_pos"),
+    ("algo.mode_params.kl_coef", -1.0, "algo.mode_params.kl_coef"),
+    ("algo.is_correction", "tis", "algo.is_correction"),
     ("algo.is_cap", 1.0, "algo.is_cap"), ("algo.loss_scale_factor", -1.0, "loss_scale_factor"),
     ("optim.b1", 1.0, "optim.b1"), ("optim.eps", 0.0, "optim.eps"),
     ("warm_start.batch_size", 0, "warm_start.batch_size"), ("algo.adv_eps", -1e-6, "adv_eps"),
@@ -140,8 +142,11 @@ def test_range_checks_name_the_field(path, value, msg):
   """Issue 15 item 6: every field range-checked at parse time, before JAX starts."""
   c = _tiny()
   if "." in path:
-    section, key = path.split(".")
-    c[section][key] = value
+    *sections, key = path.split(".")
+    node = c
+    for name in sections:
+      node = node[name]
+    node[key] = value
   else:
     c[path] = value
   with pytest.raises(ValueError, match=msg):
@@ -185,8 +190,8 @@ def test_derived_properties():
 
 
 def test_each_loss_knob_is_declared_once():
-  """Every keyword of every loss mode is a field of AlgoCfg (same name; kl_cov's kl_coef is
-  kl_cov_coef), so the train step reads the config directly; None = the paper default."""
+  """Every keyword of every loss mode is a shared AlgoCfg field or a knob of algo.mode_params
+  (same name), so the train step reads the config directly; None = the paper default."""
   from dapo_jax.core.loss_modes import MODES  # pylint: disable=import-outside-toplevel
   base = config_lib.parse(_tiny())
   for mode, spec in MODES.items():
@@ -196,9 +201,26 @@ def test_each_loss_knob_is_declared_once():
     resolved = core_losses.resolve_params(mode, params)
     assert set(resolved) == set(spec.defaults), mode
   c = _tiny()
-  c.algo.update(loss_mode="sapo", tau_pos=0.5)
+  c.algo.loss_mode = "sapo"
+  c.algo.mode_params.tau_pos = 0.5
   a = config_lib.parse(c).algo
   assert core_losses.resolve_params("sapo", a.loss_params()) == dict(tau_pos=0.5, tau_neg=1.05)
+
+
+def test_mode_params_hold_exactly_the_loss_knobs():
+  d = _tiny().to_dict()
+  d["algo"]["mode_params"]["tau_pos"] = "hot"  # (a ConfigDict itself refuses this assignment)
+  with pytest.raises(ValueError, match="algo.mode_params.tau_pos: expected a number or None"):
+    config_lib.parse(d)
+  d = _tiny().to_dict()
+  d["algo"]["mode_params"]["tau_zero"] = 1.0
+  with pytest.raises(ValueError, match=r"algo.mode_params: unknown knob\(s\) \['tau_zero'\]"):
+    config_lib.parse(d)
+  d = _tiny().to_dict()
+  del d["algo"]["mode_params"]["kl_coef"]
+  with pytest.raises(ValueError, match=r"algo.mode_params: missing knob\(s\) \['kl_coef'\]"):
+    config_lib.parse(d)
+  hash(config_lib.parse(_tiny()).algo)  # the section stays hashable
 
 
 def test_optional_fields_accept_none_or_their_type():

@@ -11,6 +11,7 @@ from flax import nnx
 from dapo_jax import config as config_lib
 from dapo_jax import sharding
 from dapo_jax.core import losses
+from dapo_jax.core.loss_modes import MODE_KNOBS
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
@@ -32,7 +33,7 @@ def _cfg(micro_batch_size=None, max_new_tokens=S - P_LEN, **algo):
   c.algo.update(eps_low=0.2, eps_high=0.28, clip_c=10.0, loss_agg="token-mean", kl_coef=0.0,
                 entropy_coef=0.0, overlong_cache_len=0)
   for key, v in algo.items():
-    c.algo[key] = v
+    (c.algo.mode_params if key in MODE_KNOBS else c.algo)[key] = v
   return config_lib.parse(c)
 
 

@@ -211,3 +211,19 @@ MODES = {
     "kl_cov": Mode(kl_cov, "token-mean", dict(kl_cov_ratio=2e-4, kl_coef=1.0), selects=True),
 }
 SHARED_KEYS = ("eps_low", "eps_high", "clip_c")  # accepted by every mode; unused ones ignored
+# The modes' own knobs: config.algo.mode_params holds exactly these (None = the paper default).
+MODE_KNOBS = tuple(sorted({k for m in MODES.values() for k in m.defaults} - set(SHARED_KEYS)))
+
+# Range of every loss parameter: (test, wording). Messages start with the parameter's name.
+RANGES = {
+    "eps_low": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "eps_high": (lambda v: v >= 0, "must be >= 0"),
+    "clip_c": (lambda v: v is None or v > 1, "dual-clip constant must be > 1 (or None to disable)"),
+    "tau_pos": (lambda v: v > 0, "must be > 0"),
+    "tau_neg": (lambda v: v > 0, "must be > 0"),
+    "clip_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "clip_cov_lb": (lambda v: True, ""),
+    "clip_cov_ub": (lambda v: True, ""),
+    "kl_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "kl_coef": (lambda v: v >= 0, "must be >= 0"),
+}

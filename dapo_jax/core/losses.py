@@ -22,21 +22,6 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 LOG_RATIO_CLAMP = 20.0  # the reference clamps log π/π_old to ±20 before exp
 
 
-# Range of each loss parameter: (test, wording). Messages start with the parameter's name.
-_RANGES = {
-    "eps_low": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "eps_high": (lambda v: v >= 0, "must be >= 0"),
-    "clip_c": (lambda v: v is None or v > 1, "dual-clip constant must be > 1 (or None to disable)"),
-    "tau_pos": (lambda v: v > 0, "must be > 0"),
-    "tau_neg": (lambda v: v > 0, "must be > 0"),
-    "clip_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "clip_cov_lb": (lambda v: True, ""),
-    "clip_cov_ub": (lambda v: True, ""),
-    "kl_cov_ratio": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "kl_coef": (lambda v: v >= 0, "must be >= 0"),
-}
-
-
 def check_clip_args(*, eps_low: float, eps_high: float, clip_c: float | None):
   check_loss_params("dapo", dict(eps_low=eps_low, eps_high=eps_high, clip_c=clip_c))
 
@@ -61,7 +46,7 @@ def resolve_params(mode: str, given: dict) -> dict:
 
 def check_loss_params(mode: str, params: dict):
   for k, v in params.items():
-    ok, wording = _RANGES[k]
+    ok, wording = loss_modes.RANGES[k]
     if not ok(v):
       raise ValueError(f"{k}: {wording} for loss mode {mode!r}, got {v}")
   lb, ub = params.get("clip_cov_lb"), params.get("clip_cov_ub")
