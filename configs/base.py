@@ -57,16 +57,16 @@ def base_config() -> ml_collections.ConfigDict:
       loss_mode="dapo",         # core.loss_modes.MODES (gspo, cispo, sapo, ...)
       loss_agg="token-mean",
       loss_scale_factor=config_dict.placeholder(float),  # tokens; None = rollout.max_new_tokens
-      # The other loss modes' own knobs (policy_loss keywords); None = the paper default in
-      # core.loss_modes.MODES. Set one with --config.algo.mode_params.tau_pos=0.5.
+      # Each loss mode's own knobs, a section per mode (policy_loss keywords); None = the paper
+      # default in core.loss_modes.MODES. Set one with --config.algo.mode_params.sapo.tau_pos=0.5.
       mode_params=dict(
-          tau_pos=config_dict.placeholder(float),         # sapo: gate temperature, A > 0
-          tau_neg=config_dict.placeholder(float),         # sapo: gate temperature, A < 0
-          clip_cov_ratio=config_dict.placeholder(float),  # clip_cov: share of tokens detached
-          clip_cov_lb=config_dict.placeholder(float),     # clip_cov: covariance band, lower
-          clip_cov_ub=config_dict.placeholder(float),     # clip_cov: covariance band, upper
-          kl_cov_ratio=config_dict.placeholder(float),    # kl_cov: share of tokens with KL term
-          kl_coef=config_dict.placeholder(float),  # kl_cov: coefficient of |log r| (not algo.kl_coef)
+          sapo=dict(tau_pos=config_dict.placeholder(float),   # gate temperature, A > 0
+                    tau_neg=config_dict.placeholder(float)),  # gate temperature, A < 0
+          clip_cov=dict(clip_cov_ratio=config_dict.placeholder(float),  # share of tokens detached
+                        clip_cov_lb=config_dict.placeholder(float),     # covariance band, lower
+                        clip_cov_ub=config_dict.placeholder(float)),    # covariance band, upper
+          kl_cov=dict(kl_cov_ratio=config_dict.placeholder(float),  # share given the KL term
+                      kl_coef=config_dict.placeholder(float)),      # coefficient of |log r|
       ),
       is_correction="none",     # off-policy correction: none | tis_token | tis_seq | mask_token | mask_seq
       is_cap=2.0,               # IS weight cap (tis) / band [1/cap, cap] (mask)

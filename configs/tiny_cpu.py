@@ -2,7 +2,7 @@
 
 COMMAND:
   python -m dapo_jax.main --config=configs/tiny_cpu.py --workdir=runs/tiny_cpu
-EXPECTED: ~5.5 min on 2 CPU cores; held-out avg@16 34.7% -> 54.2% (+19.5 points, 95% CIs in README).
+EXPECTED: ~9 min on 2 CPU cores; held-out avg@16 34.7% -> 54.7% (+20.0 points, 95% CIs in README).
   Variant for CI and smoke tests (about a minute):
   python -m dapo_jax.main --config=configs/tiny_cpu.py:runlocal=True --workdir=runs/tiny_smoke
 """

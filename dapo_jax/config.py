@@ -13,7 +13,8 @@ from dapo_jax import config_checks
 from dapo_jax.core import losses as core_losses
 
 
-ModeParams = tuple[tuple[str, float | None], ...]  # (knob, value) pairs, sorted: hashable
+# ((mode, ((knob, value), ...)), ...), sorted: a hashable form of algo.mode_params.
+ModeParams = tuple[tuple[str, tuple[tuple[str, float | None], ...]], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +76,8 @@ class AlgoCfg:
   loss_mode: str              # one of core.loss_modes.MODES: dapo | gspo | cispo | sapo | ...
   loss_agg: str               # one of core.losses.AGG_MODES
   loss_scale_factor: float | None  # tokens, seq-mean-token-sum-norm divisor; None = max_new_tokens
-  # The loss modes' own knobs (core.loss_modes.MODE_KNOBS: tau_pos, clip_cov_ratio, kl_coef,
-  # ...), named as policy_loss's keywords; None = the mode's paper default (loss_modes.MODES).
+  # Each loss mode's own knobs, one section per mode (core.loss_modes.MODE_KNOBS: sapo.tau_pos,
+  # kl_cov.kl_coef, ...), named as policy_loss's keywords; None = the paper default.
   mode_params: ModeParams
   is_correction: str          # core.offpolicy.IS_KINDS: none | tis_token | tis_seq | mask_*
   is_cap: float               # IS weight cap (tis_*) / band [1/cap, cap] (mask_*); > 1
@@ -105,7 +106,7 @@ class AlgoCfg:
   def loss_params(self) -> dict:
     """The keywords of core.losses.policy_loss for this loss mode: the shared clip fields
     (eps_low, eps_high, clip_c; 0 = no dual clip) and the mode's own knobs from mode_params."""
-    own = dict(self.mode_params)
+    own = dict(dict(self.mode_params).get(self.loss_mode, ()))
     names = ("eps_low", "eps_high", *core_losses.MODES[self.loss_mode].defaults)
     params = {k: own[k] if k in own else getattr(self, k) for k in dict.fromkeys(names)}
     if "clip_c" in params:
@@ -265,20 +266,30 @@ def _convert(section: str, cls, raw: Mapping[str, Any]):
   return cls(**out)
 
 
-def _mode_params(where: str, v) -> ModeParams:
-  """algo.mode_params: exactly the knobs of core.loss_modes.MODE_KNOBS, each a number or None."""
+def _exact_keys(where: str, v, known, what: str):
   if not isinstance(v, Mapping):
-    raise ValueError(f"{where}: expected a section of loss-mode knobs, got {v!r}")
-  known = core_losses.loss_modes.MODE_KNOBS
+    raise ValueError(f"{where}: expected a section of {what}, got {v!r}")
   unknown, missing = sorted(set(v) - set(known)), sorted(set(known) - set(v))
   if unknown:
-    raise ValueError(f"{where}: unknown knob(s) {unknown}; known: {list(known)}")
+    raise ValueError(f"{where}: unknown {what} {unknown}; known: {sorted(known)}")
   if missing:
-    raise ValueError(f"{where}: missing knob(s) {missing}")
-  for k, x in v.items():
-    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
-      raise ValueError(f"{where}.{k}: expected a number or None, got {x!r}")
-  return tuple(sorted((k, None if x is None else float(x)) for k, x in v.items()))
+    raise ValueError(f"{where}: missing {what} {missing}")
+
+
+def _mode_params(where: str, v) -> ModeParams:
+  """algo.mode_params: a section per mode of core.loss_modes.MODE_KNOBS holding exactly its
+  knobs, each a number or None."""
+  knobs = core_losses.loss_modes.MODE_KNOBS
+  _exact_keys(where, v, knobs, "loss mode(s)")
+  out = []
+  for mode, section in sorted(v.items()):
+    _exact_keys(f"{where}.{mode}", section, knobs[mode], "knob(s)")
+    for k, x in section.items():
+      if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+        raise ValueError(f"{where}.{mode}.{k}: expected a number or None, got {x!r}")
+    out.append((mode, tuple(sorted((k, None if x is None else float(x))
+                                   for k, x in section.items()))))
+  return tuple(out)
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "seed"}

@@ -112,7 +112,8 @@ def _validate_loss(a: "AlgoCfg"):
   _require(a.loss_mode in core_losses.MODES, "algo.loss_mode",
            f"unknown loss mode {a.loss_mode!r}; expected one of {tuple(core_losses.MODES)}")
   field = {"agg": "loss_agg", "mode": "loss_mode",
-           **{k: f"mode_params.{k}" for k in core_losses.loss_modes.MODE_KNOBS}}
+           **{k: f"mode_params.{mode}.{k}"
+              for mode, knobs in core_losses.loss_modes.MODE_KNOBS.items() for k in knobs}}
   try:
     for mode in core_losses.MODES:  # every knob, also those of modes not in use
       params = dataclasses.replace(a, loss_mode=mode).loss_params()

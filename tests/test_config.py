@@ -128,8 +128,8 @@ def test_sweeps_are_data():
     ("eval.every_steps", -2, "eval.every_steps"), ("eval.num_problems", -5, "eval.num_problems"),
     ("task.num_train", -3, "task.num_train"), ("train.micro_batch_size", 0, "micro_batch_size"),
     ("algo.loss_mode", "ppo", "algo.loss_mode"), ("algo.loss_agg", "sum", "algo.loss_agg"),
-    ("algo.mode_params.tau_pos", 0.0, "algo.mode_params.tau_pos"),
-    ("algo.mode_params.kl_coef", -1.0, "algo.mode_params.kl_coef"),
+    ("algo.mode_params.sapo.tau_pos", 0.0, "algo.mode_params.sapo.tau_pos"),
+    ("algo.mode_params.kl_cov.kl_coef", -1.0, "algo.mode_params.kl_cov.kl_coef"),
     ("algo.is_correction", "tis", "algo.is_correction"),
     ("algo.is_cap", 1.0, "algo.is_cap"), ("algo.loss_scale_factor", -1.0, "loss_scale_factor"),
     ("optim.b1", 1.0, "optim.b1"), ("optim.eps", 0.0, "optim.eps"),
@@ -202,23 +202,27 @@ def test_each_loss_knob_is_declared_once():
     assert set(resolved) == set(spec.defaults), mode
   c = _tiny()
   c.algo.loss_mode = "sapo"
-  c.algo.mode_params.tau_pos = 0.5
+  c.algo.mode_params.sapo.tau_pos = 0.5
   a = config_lib.parse(c).algo
   assert core_losses.resolve_params("sapo", a.loss_params()) == dict(tau_pos=0.5, tau_neg=1.05)
 
 
 def test_mode_params_hold_exactly_the_loss_knobs():
   d = _tiny().to_dict()
-  d["algo"]["mode_params"]["tau_pos"] = "hot"  # (a ConfigDict itself refuses this assignment)
-  with pytest.raises(ValueError, match="algo.mode_params.tau_pos: expected a number or None"):
+  d["algo"]["mode_params"]["sapo"]["tau_pos"] = "hot"  # (a ConfigDict refuses this assignment)
+  with pytest.raises(ValueError, match="algo.mode_params.sapo.tau_pos: expected a number or None"):
     config_lib.parse(d)
   d = _tiny().to_dict()
-  d["algo"]["mode_params"]["tau_zero"] = 1.0
-  with pytest.raises(ValueError, match=r"algo.mode_params: unknown knob\(s\) \['tau_zero'\]"):
+  d["algo"]["mode_params"]["sapo"]["tau_zero"] = 1.0
+  with pytest.raises(ValueError, match=r"algo.mode_params.sapo: unknown knob\(s\) \['tau_zero'\]"):
     config_lib.parse(d)
   d = _tiny().to_dict()
-  del d["algo"]["mode_params"]["kl_coef"]
-  with pytest.raises(ValueError, match=r"algo.mode_params: missing knob\(s\) \['kl_coef'\]"):
+  del d["algo"]["mode_params"]["kl_cov"]["kl_coef"]
+  with pytest.raises(ValueError, match=r"algo.mode_params.kl_cov: missing knob\(s\) \['kl_coef'\]"):
+    config_lib.parse(d)
+  d = _tiny().to_dict()
+  d["algo"]["mode_params"]["ppo"] = {}
+  with pytest.raises(ValueError, match=r"algo.mode_params: unknown loss mode\(s\) \['ppo'\]"):
     config_lib.parse(d)
   hash(config_lib.parse(_tiny()).algo)  # the section stays hashable
 

@@ -3,8 +3,14 @@ asynchronous save; the resumed run must equal the clean one bitwise (about 4 pro
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
 import chaos  # noqa: E402  pylint: disable=wrong-import-position
+
+# Starts processes of its own (real signals, deadlines): under `pytest -n 2` these modules share
+# one worker (--dist loadgroup), so two of them never compete for the 2 cores.
+pytestmark = pytest.mark.xdist_group("subprocess")
 
 
 def test_draw_is_seeded_and_covers_rounds_and_saves():

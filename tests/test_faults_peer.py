@@ -9,6 +9,7 @@ import time
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from dapo_jax.train import checkpoint as ckpt_lib
 
@@ -16,6 +17,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 import launch  # noqa: E402  pylint: disable=wrong-import-position
 from tests.test_multihost import OVERRIDES  # noqa: E402  pylint: disable=wrong-import-position
+
+# Starts processes of its own (real signals, deadlines): under `pytest -n 2` these modules share
+# one worker (--dist loadgroup), so two of them never compete for the 2 cores.
+pytestmark = pytest.mark.xdist_group("subprocess")
 
 
 def _start(workdir, logdir):

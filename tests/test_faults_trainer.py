@@ -14,6 +14,10 @@ from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
+# Starts processes of its own (real signals, deadlines): under `pytest -n 2` these modules share
+# one worker (--dist loadgroup), so two of them never compete for the 2 cores.
+pytestmark = pytest.mark.xdist_group("subprocess")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 2
 VOLATILE = ("time_", "tokens_per_s")

@@ -11,6 +11,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 import launch  # noqa: E402  pylint: disable=wrong-import-position
 
+# Starts processes of its own (real signals, deadlines): under `pytest -n 2` these modules share
+# one worker (--dist loadgroup), so two of them never compete for the 2 cores.
+pytestmark = pytest.mark.xdist_group("subprocess")
+
 OVERRIDES = {
     "train.num_steps": 2, "train.batch_size": 4, "train.num_minibatches": 2,
     "algo.dynamic_sampling": False,

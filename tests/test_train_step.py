@@ -11,7 +11,6 @@ from flax import nnx
 from dapo_jax import config as config_lib
 from dapo_jax import sharding
 from dapo_jax.core import losses
-from dapo_jax.core.loss_modes import MODE_KNOBS
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
@@ -23,7 +22,7 @@ CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layer
 S, P_LEN = 12, 4  # row length (prompt + response) and prompt length of the test batch
 
 
-def _cfg(micro_batch_size=None, max_new_tokens=S - P_LEN, **algo):
+def _cfg(micro_batch_size=None, max_new_tokens=S - P_LEN, mode_params=None, **algo):
   """A validated Config: the test optimizer's settings, 1 update per step, and `algo` overrides."""
   c = importlib.import_module("configs.tiny_cpu").get_config()
   c.optim.update(lr=1e-2, warmup_steps=2, weight_decay=0.1, grad_clip=1.0)
@@ -33,7 +32,9 @@ def _cfg(micro_batch_size=None, max_new_tokens=S - P_LEN, **algo):
   c.algo.update(eps_low=0.2, eps_high=0.28, clip_c=10.0, loss_agg="token-mean", kl_coef=0.0,
                 entropy_coef=0.0, overlong_cache_len=0)
   for key, v in algo.items():
-    (c.algo.mode_params if key in MODE_KNOBS else c.algo)[key] = v
+    c.algo[key] = v
+  for key, v in (mode_params or {}).items():  # the loss mode's own knobs
+    c.algo.mode_params[c.algo.loss_mode][key] = v
   return config_lib.parse(c)
 
 
@@ -94,9 +95,9 @@ def test_microbatch_equals_full_batch_for_loss_modes(mode, agg):
   The ratios are large enough that the selection ratios below pick several tokens."""
   kw = dict(loss_mode=mode, loss_agg=agg, eps_low=0.2, eps_high=0.2)
   if mode == "clip_cov":
-    kw.update(clip_cov_ratio=0.2, clip_cov_lb=-1e3, clip_cov_ub=1e3)
+    kw.update(mode_params=dict(clip_cov_ratio=0.2, clip_cov_lb=-1e3, clip_cov_ub=1e3))
   if mode == "kl_cov":
-    kw.update(kl_cov_ratio=0.1)
+    kw.update(mode_params=dict(kl_cov_ratio=0.1))
   m = _assert_same_update(_batch(seed=4), _cfg(**kw), _cfg(micro_batch_size=4, **kw))
   if mode in ("clip_cov", "kl_cov"):
     assert float(m["selected_frac"]) > 0.05

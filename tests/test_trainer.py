@@ -83,7 +83,7 @@ def test_loop_runs_and_logs_every_metric(tmp_path):
     assert key in recs[0], key
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     raw = [json.loads(line) for line in f]
-  assert all(k in raw[1] for k in ("time_rollout_s", "time_logprobs_s", "time_update_s",
+  assert all(k in raw[1] for k in ("time_rollout_s", "time_prepare_s", "time_update_s",
                                    "time_sync_s", "tokens_per_s"))
   assert int(run.state.updates) == 4  # 2 steps x 2 mini-batches
 

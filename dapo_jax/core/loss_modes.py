@@ -211,8 +211,10 @@ MODES = {
     "kl_cov": Mode(kl_cov, "token-mean", dict(kl_cov_ratio=2e-4, kl_coef=1.0), selects=True),
 }
 SHARED_KEYS = ("eps_low", "eps_high", "clip_c")  # accepted by every mode; unused ones ignored
-# The modes' own knobs: config.algo.mode_params holds exactly these (None = the paper default).
-MODE_KNOBS = tuple(sorted({k for m in MODES.values() for k in m.defaults} - set(SHARED_KEYS)))
+# Each mode's own knobs (its keywords beyond the shared clip): config.algo.mode_params has one
+# section per mode here holding exactly these (None = the paper default).
+MODE_KNOBS = {name: tuple(k for k in m.defaults if k not in SHARED_KEYS)
+              for name, m in MODES.items() if set(m.defaults) - set(SHARED_KEYS)}
 
 # Range of every loss parameter: (test, wording). Messages start with the parameter's name.
 RANGES = {

@@ -260,10 +260,11 @@ def rollout_step(run: Run, step_fn) -> dict:
   timer = metrics_lib.PhaseTimer()
   with timer("rollout"):
     batch, sampling_summary = collect(run)
-  with timer("logprobs"):
+  with timer("prepare"):
     prep = prepare(run, batch)
   with timer("update"):
     step_metrics = update(run, step_fn, prep.arrays)
+    jax.block_until_ready(run.state)  # timed to completion, not to dispatch
   with timer("sync"):
     sync(run)
   step_metrics = multihost.to_host(step_metrics)  # pulled after the sync is dispatched
