@@ -38,12 +38,13 @@ GROUPS = {
                ["tests/test_core_losses*.py", "tests/test_mutation_losses.py"]),
     "rewards": (["dapo_jax/rewards/*.py"], ["tests/test_rewards*.py",
                                             "tests/test_mutation_rewards.py"]),
-    # The trainer's pure host-side pieces; trainer.py / train_step.py are covered by the slow
-    # wiring and train-step tests (minutes per mutant here), not by this group.
+    # The trainer's host-side pieces; trainer.py / train_step.py are covered by the slow trainer
+    # and train-step tests (minutes per mutant here), not by this group. The wiring tests run
+    # only for the functions they call (score_rollout's Eq. 13 unit test among them).
     "train": (["dapo_jax/train/dynamic_sampling.py", "dapo_jax/train/groups.py",
                "dapo_jax/train/prefilter.py"],
               ["tests/test_train_dynamic_sampling.py", "tests/test_train_groups.py",
-               "tests/test_train_prefilter.py"]),
+               "tests/test_train_prefilter.py", "tests/test_trainer_wiring.py"]),
 }
 # Imported by tests (tests/test_rewards_fuzz.py runs experiments/fuzz_verifier.py; configs).
 ALSO_COPY = ("experiments", "configs")

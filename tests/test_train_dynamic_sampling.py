@@ -122,6 +122,13 @@ def test_generation_cost_accounting_hand_computed():
   assert s["gen_tokens_discarded_frac"] == pytest.approx(1 - 3 * 4 / 36)
 
 
+def test_generation_cost_of_a_single_kept_group():
+  c = np.array([[True, False], [True, True]])  # one mixed group, one uniform
+  _, s, _ = dynamic_sampling.collect(lambda r, n: _groups(c), batch_size=1, gen_batch_size=2,
+                                     max_gen_rounds=1, dynamic=True)
+  assert s["gen_tokens_per_kept_group"] == s["gen_tokens"] == 2 * 2 * 3
+
+
 def test_generation_cost_without_dynamic_sampling_counts_only_mixed_groups():
   c = np.array([[True, False], [True, True], [False, False], [False, True]])
   _, s, _ = dynamic_sampling.collect(lambda r, n: _groups(c), batch_size=4, gen_batch_size=9,

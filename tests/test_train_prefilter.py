@@ -79,8 +79,18 @@ def test_select_observe_counters_and_state():
   again = prefilter.Prefilter(**KW)
   again.restore(pf.state())
   assert again.records == pf.records
-  with pytest.raises(ValueError, match="no pre-filter records"):
+  with pytest.raises(ValueError, match=r"^checkpoint: no pre-filter records \(saved with "):
     again.restore(None)
+
+
+def test_prompt_key_is_the_token_ids_not_their_container():
+  """A prompt's record is found whatever integer array type carries its ids (the sampler's
+  int32 rows, Python lists from the data readers)."""
+  ids = [151644, 872, 198, 7]
+  key = prefilter.prompt_key(ids)
+  assert key == prefilter.prompt_key(np.asarray(ids, np.int32))
+  assert key == prefilter.prompt_key(np.asarray(ids, np.uint32))
+  assert key != prefilter.prompt_key(ids[:-1]) and len(key) == 20
 
 
 def test_a_round_never_samples_nothing():

@@ -60,6 +60,18 @@ def test_score_rollout_applies_eq13_before_on_and_beyond_the_ramp():
   np.testing.assert_array_equal(off.reward, off.score)
 
 
+def test_score_rollout_fixes_the_group_dtypes():
+  """Groups hold int32 tokens / lengths and float32 log-probs / rewards whatever the sampler
+  handed over (the widths the Groups fields are declared with)."""
+  r = _fake_rollout(np.array([[3, 5]], np.int64), 6)
+  r.tokens, r.logprobs = r.tokens.astype(np.int64), r.logprobs.astype(np.float64)
+  g = groups_lib.score_rollout(r, [[1]], ["1"], decode=lambda toks: ["x"] * len(toks),
+                               reward_fn=_always_right, overlong_penalty=True, max_len=6,
+                               cache_len=2, factor=1.0)
+  assert (g.tokens.dtype, g.lengths.dtype) == (np.int32, np.int32)
+  assert (g.behav_logp.dtype, g.reward.dtype) == (np.float32, np.float32)
+
+
 def _batch(run, reward_NxG, score_NxG, lengths_NxG, truncated_NxG):
   N, G = reward_NxG.shape
   R = run.cfg.rollout.max_new_tokens
