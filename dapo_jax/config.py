@@ -232,12 +232,7 @@ def _convert(section: str, cls, raw: Mapping[str, Any]):
   raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
   hints = typing.get_type_hints(cls)
   names = [f.name for f in dataclasses.fields(cls)]
-  unknown = sorted(set(raw) - set(names))
-  missing = sorted(set(names) - set(raw))
-  if unknown:
-    raise ValueError(f"config.{section}: unknown key(s) {unknown}; known: {names}")
-  if missing:
-    raise ValueError(f"config.{section}: missing key(s) {missing}")
+  _exact_keys(f"config.{section}", raw, names, "key(s)")
   out = {}
   for name in names:
     v, t = raw[name], hints[name]
@@ -267,11 +262,12 @@ def _convert(section: str, cls, raw: Mapping[str, Any]):
 
 
 def _exact_keys(where: str, v, known, what: str):
+  """`v` a mapping with exactly the keys `known`; errors name `where` and list `known`."""
   if not isinstance(v, Mapping):
     raise ValueError(f"{where}: expected a section of {what}, got {v!r}")
   unknown, missing = sorted(set(v) - set(known)), sorted(set(known) - set(v))
   if unknown:
-    raise ValueError(f"{where}: unknown {what} {unknown}; known: {sorted(known)}")
+    raise ValueError(f"{where}: unknown {what} {unknown}; known: {list(known)}")
   if missing:
     raise ValueError(f"{where}: missing {what} {missing}")
 

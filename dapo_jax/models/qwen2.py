@@ -235,8 +235,9 @@ class Qwen2(nnx.Module):
     sizes = L.decode_buckets(s)
     bucket = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes), jnp.max(positions_B) + 1),
                          len(sizes) - 1)
-    at = decode_lib.DecodeAt(rows=jnp.arange(b), positions_B=positions_B, bucket=bucket, sizes=sizes,
-                   allowed_BxS=jnp.arange(s)[None, :] <= positions_B[:, None])
+    allowed_BxS = jnp.arange(s)[None, :] <= positions_B[:, None]
+    at = decode_lib.DecodeAt(rows=jnp.arange(b), positions_B=positions_B, bucket=bucket,
+                             sizes=sizes, allowed_BxS=allowed_BxS)
     cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(self.cfg))
     h = self._embed(tokens_B[:, None])
     if stacked:
@@ -246,6 +247,7 @@ class Qwen2(nnx.Module):
                                      sin, cache, at)
     h = L.rms_norm(h[:, 0], self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
     return self.logits(h), cache
+
 
 def split_cache(cache) -> tuple[list, list]:
   """Stacked {"k", "v"} [L, B, S, Kv, Hd] -> (keys, values): lists of L [B, S, Kv, Hd]."""

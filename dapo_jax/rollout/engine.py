@@ -24,6 +24,7 @@ from dapo_jax.rollout import device_fns, sampling, state as state_lib, tokenizer
 from dapo_jax.rollout.transfer import transfer_params
 from dapo_jax.rollout.state import DecodeState, Prefix
 
+
 def _positive_int(value, name: str) -> int:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
     raise ValueError(f"{name}: must be a positive int, got {value!r}")
@@ -102,8 +103,7 @@ class Engine(engine_api.Engine):
                                     donate_argnums=(2,),
                                     out_shardings=(self._state_shardings, None))
     self._jit_init = jax.jit(functools.partial(device_fns.init_state, g, self._num_slots,
-                                               self._max_len,
-                                               c.vocab_size),
+                                               self._max_len, c.vocab_size),
                              out_shardings=self._state_shardings)
 
   @property

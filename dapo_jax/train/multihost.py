@@ -35,13 +35,6 @@ def to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def sampler_params(params):
-  """What the sampler's update_params takes: the trainer's device arrays as they are, with one
-  process or several (engine.load_params moves them device-to-device onto each host's sampler,
-  rollout/transfer.py); never a host copy."""
-  return params
-
-
 def _encode_answers(answers) -> np.ndarray:
   out = np.zeros((len(answers), _MAX_ANSWER_BYTES), np.uint8)
   for i, a in enumerate(answers):

@@ -40,6 +40,7 @@ from dapo_jax.train.train_step import logprobs, train_step
 class TooManyBadSteps(RuntimeError):
   """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
 
+
 def _seed(*parts) -> int:
   """A 31-bit seed from the run seed and loop counters (the same on every host and on resume)."""
   return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
@@ -251,7 +252,7 @@ def update(run: Run, step_fn, arrays: dict) -> list[dict]:
 
 def sync(run: Run):
   """Trainer params -> the sampler's copy (resharded to the sampler's layout)."""
-  run.sampler.update_params(multihost.sampler_params(run.state.params))
+  run.sampler.update_params(run.state.params)  # device-to-device, with one process or several
 
 
 def rollout_step(run: Run, step_fn) -> dict:
