@@ -57,7 +57,7 @@ def summarize(correct_Pxk: np.ndarray, preds_Pxk, *, bootstrap_samples: int,
   avg = correct.mean(axis=1)
   pk = np.array([pass_at_k(k, int(c), k) for c in correct.sum(axis=1)])
   maj = np.array([majority_correct(preds_Pxk[p], correct[p]) for p in range(P)], np.float64)
-  out = {"num_problems": P, "k": k}
+  out = {"num_problems": P, "k": k, "all_correct_frac": float(correct.all(axis=1).mean())}
   for name, v in ((f"avg@{k}", avg), (f"pass@{k}", pk), (f"maj@{k}", maj)):
     lo, hi = bootstrap_ci(v, samples=bootstrap_samples, seed=seed)
     out[name], out[name + "_ci_lo"], out[name + "_ci_hi"] = float(v.mean()), lo, hi
@@ -69,14 +69,26 @@ def summarize(correct_Pxk: np.ndarray, preds_Pxk, *, bootstrap_samples: int,
 
 def evaluate(sampler, prompts: Sequence[Sequence[int]], answers: Sequence[str], *, k: int,
              temperature: float, top_p: float, max_new_tokens: int, seed: int,
-             decode: Callable, reward_fn: Callable, eos_ids, bootstrap_samples: int) -> dict:
-  """Samples k responses per problem with the sampler's current params and scores them."""
+             decode: Callable, reward_fn: Callable, eos_ids, bootstrap_samples: int,
+             num_shown: int = 4) -> dict:
+  """Samples k responses per problem with the sampler's current params and scores them.
+
+  Besides the accuracy figures: `format_rate` (share of responses the verifier could read an
+  answer from) and `shown`, the first response to each of the first `num_shown` problems,
+  verbatim, for the logs.
+  """
   rollout = sampler.sample_groups([list(p) for p in prompts], group_size=k,
                                   max_new_tokens=max_new_tokens, temperature=temperature,
                                   top_p=top_p, seed=seed, eos_ids=tuple(eos_ids))
   _, correct, preds = rewards.score_responses(rollout.tokens, rollout.lengths, answers,
                                               decode=decode, reward_fn=reward_fn)
   out = summarize(correct, preds, bootstrap_samples=bootstrap_samples, seed=seed)
+  out["format_rate"] = float(np.mean([[p is not None for p in row] for row in preds]))
+  n = min(num_shown, len(answers))
+  rows = [rollout.tokens[i, 0, :rollout.lengths[i, 0]].tolist() for i in range(n)]
+  texts = decode(rows) if rows else []
+  out["shown"] = [{"problem": i, "answer": answers[i], "pred": preds[i][0],
+                   "correct": bool(correct[i, 0]), "response": texts[i]} for i in range(n)]
   out["response_length_mean"] = float(np.mean(rollout.lengths))
   out["truncated_frac"] = float(np.mean(rollout.truncated))
   return out

@@ -36,6 +36,7 @@ def test_step_metrics_with_phrases_is_groups_metrics():
   g = Groups(prompts=[[9]], answers=["3"], tokens=np.array([[[1], [2]]], np.int32),
              behav_logp=np.zeros((1, 2, 1), np.float32), lengths=np.ones((1, 2), np.int32),
              truncated=np.zeros((1, 2), bool), correct=np.array([[True, True]]),
+             parsed=np.ones((1, 2), bool),
              score=np.ones((1, 2), np.float32), reward=np.ones((1, 2), np.float32))
   decode = lambda rows: [texts[r[0]] for r in rows]
   got = reflection.step_metrics(g, spec="wait, let me check", decode=decode,

@@ -16,8 +16,8 @@ def _groups(correct_NxG, lengths=None, seed=0):
   R = int(lengths.max())
   return Groups(prompts=[[1, 2 + n] for n in range(N)], answers=[str(n) for n in range(N)],
                 tokens=np.ones((N, G, R), np.int32), behav_logp=np.full((N, G, R), -0.5, np.float32),
-                lengths=lengths, truncated=np.zeros((N, G), bool), correct=c, score=score,
-                reward=reward)
+                lengths=lengths, truncated=np.zeros((N, G), bool), correct=c,
+                parsed=np.ones((N, G), bool), score=score, reward=reward)
 
 
 def test_uniform_groups_hit_round_cap_with_clear_error():
@@ -135,3 +135,20 @@ def test_generation_cost_without_dynamic_sampling_counts_only_mixed_groups():
                                      max_gen_rounds=1, dynamic=False)
   assert s["gen_tokens_per_kept_group"] == pytest.approx(8 * 3 / 2)  # 2 mixed of 4
   assert s["gen_groups_discarded_frac"] == 0.0 and s["gen_tokens_discarded_frac"] == 0.0
+
+
+def test_format_rate_over_every_round():
+  parsed_by_round = [np.array([[1, 0, 0, 0], [1, 1, 1, 1]], bool),
+                     np.array([[0, 0, 0, 0], [1, 1, 0, 0]], bool)]
+
+  def gen(r, n):
+    c = np.zeros((n, 4), bool)
+    c[0, 0] = True  # one mixed group per round
+    g = _groups(c, seed=r)
+    g.parsed = parsed_by_round[r]
+    return g
+
+  _, summary, rounds = dynamic_sampling.collect(gen, batch_size=2, gen_batch_size=2,
+                                                max_gen_rounds=3, dynamic=True)
+  assert [x["format_rate"] for x in rounds] == [5 / 8, 2 / 8]
+  assert summary["gen_format_rate"] == pytest.approx(7 / 16)  # all 16 responses, both rounds

@@ -80,7 +80,8 @@ def _batch(run, reward_NxG, score_NxG, lengths_NxG, truncated_NxG):
       prompts=[[1, 4 + n, 9] for n in range(N)], answers=[str(n) for n in range(N)],
       tokens=rng.integers(4, 30, (N, G, R)).astype(np.int32),
       behav_logp=np.full((N, G, R), -1.0, np.float32), lengths=lengths_NxG.astype(np.int32),
-      truncated=truncated_NxG, correct=score_NxG > 0, score=score_NxG.astype(np.float32),
+      truncated=truncated_NxG, correct=score_NxG > 0, parsed=np.ones((N, G), bool),
+      score=score_NxG.astype(np.float32),
       reward=reward_NxG.astype(np.float32))
 
 

@@ -9,9 +9,11 @@ acceptance statistics. Every round's metrics are kept.
 Generation cost (the paper's "does not impede efficiency" claim, measured): `gen_tokens` counts
 every round's responses; `gen_tokens_per_kept_group` divides it by the groups that carry signal
 into the update (the batch's mixed groups: all of it with dynamic sampling, only its mixed
-groups without, since uniform groups get zero advantage; none counts as one); `gen_groups_discarded_frac` is the
-share of generated groups that never reach the update and `gen_tokens_discarded_frac` the share
-of generated tokens they hold; `gen_rounds` is the rounds this step took.
+groups without, since uniform groups get zero advantage; none counts as one);
+`gen_groups_discarded_frac` is the share of generated groups that never reach the update and
+`gen_tokens_discarded_frac` the share of generated tokens they hold; `gen_rounds` is the rounds
+this step took. `gen_format_rate` is the share of generated responses the verifier could read an
+answer from (what a real model learns first).
 """
 from typing import Callable
 
@@ -30,7 +32,8 @@ def round_metrics(g: Groups, keep_N) -> dict:
   return {"prompts": len(g), "accepted": int(np.sum(keep_N)),
           "frac_acc_1": float(shares["frac_groups_acc_1"]),
           "frac_acc_0": float(shares["frac_groups_acc_0"]),
-          "accuracy": float(g.correct.mean()), "reward_mean": float(g.reward.mean()),
+          "accuracy": float(g.correct.mean()), "format_rate": float(g.parsed.mean()),
+          "reward_mean": float(g.reward.mean()),
           "length_mean": float(g.lengths.mean()), "tokens": int(g.lengths.sum())}
 
 
@@ -79,7 +82,8 @@ def _summary(rounds, *, accepted_total: int, batch: Groups, kept_groups: int) ->
           "accepted_frac": accepted_total / max(sampled, 1),
           "surplus_discarded": max(accepted_total - batch_size, 0),
           "frac_groups_acc_1": avg("frac_acc_1"), "frac_groups_acc_0": avg("frac_acc_0"),
-          "gen_accuracy": avg("accuracy"), "gen_reward_mean": avg("reward_mean"),
+          "gen_accuracy": avg("accuracy"), "gen_format_rate": avg("format_rate"),
+          "gen_reward_mean": avg("reward_mean"),
           "gen_length_mean": avg("length_mean"), "gen_tokens": gen_tokens,
           "gen_tokens_per_kept_group": gen_tokens / max(kept_groups, 1),
           "gen_groups_discarded_frac": 1.0 - batch_size / max(sampled, 1),

@@ -18,6 +18,7 @@ class Groups:
   lengths: np.ndarray      # int32 [N, G] response tokens (EOS included)
   truncated: np.ndarray    # bool [N, G] hit the generation limit
   correct: np.ndarray      # bool [N, G] verifier's verdict
+  parsed: np.ndarray       # bool [N, G] the verifier read an answer (the format was followed)
   score: np.ndarray        # float32 [N, G] verifier reward (±1)
   reward: np.ndarray       # float32 [N, G] shaped reward (score + overlong penalty)
 
@@ -42,8 +43,9 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
                   overlong_penalty: bool, max_len: int, cache_len: int,
                   factor: float) -> Groups:
   """Verifier reward (+1/−1) of every response, plus Eq. 13's penalty when enabled."""
-  score, correct, _ = rewards.score_responses(rollout.tokens, rollout.lengths, answers,
-                                              decode=decode, reward_fn=reward_fn)
+  score, correct, preds = rewards.score_responses(rollout.tokens, rollout.lengths, answers,
+                                                  decode=decode, reward_fn=reward_fn)
+  parsed = np.array([[p is not None for p in row] for row in preds], bool).reshape(score.shape)
   reward = score.copy()
   if overlong_penalty:
     reward += np.asarray(overlong.soft_overlong_penalty(
@@ -52,8 +54,8 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
                 tokens=np.asarray(rollout.tokens, np.int32),
                 behav_logp=np.asarray(rollout.logprobs, np.float32),
                 lengths=np.asarray(rollout.lengths, np.int32),
-                truncated=np.asarray(rollout.truncated, bool), correct=correct, score=score,
-                reward=reward.astype(np.float32))
+                truncated=np.asarray(rollout.truncated, bool), correct=correct, parsed=parsed,
+                score=score, reward=reward.astype(np.float32))
 
 
 def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool):

@@ -57,12 +57,13 @@ def gather_groups(g: Groups, *, max_prompt_len: int) -> Groups:
     prompts[i, :len(p)], plen[i] = p, len(p)
   local = {"prompts": prompts, "plen": plen, "answers": _encode_answers(g.answers),
            "tokens": g.tokens, "behav_logp": g.behav_logp, "lengths": g.lengths,
-           "truncated": g.truncated, "correct": g.correct, "score": g.score, "reward": g.reward}
+           "truncated": g.truncated, "correct": g.correct, "parsed": g.parsed, "score": g.score,
+           "reward": g.reward}
   full = {k: np.asarray(v).reshape(-1, *np.asarray(v).shape[2:])
           for k, v in multihost_utils.process_allgather(local, tiled=False).items()}
   return Groups(
       prompts=[full["prompts"][i, :full["plen"][i]].tolist() for i in range(len(full["plen"]))],
       answers=[bytes(a).rstrip(b"\0").decode("utf-8") for a in full["answers"]],
       tokens=full["tokens"], behav_logp=full["behav_logp"], lengths=full["lengths"],
-      truncated=full["truncated"], correct=full["correct"], score=full["score"],
-      reward=full["reward"])
+      truncated=full["truncated"], correct=full["correct"], parsed=full["parsed"],
+      score=full["score"], reward=full["reward"])
