@@ -33,6 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
       name="synthetic",
       difficulty=3,             # operands per synthetic problem
       num_train=20000,          # prompts in the synthetic training pool
+      shots=0,                  # worked examples in each prompt (arith_nl only)
       eval_name="synthetic_heldout",
       tokenizer="synthetic",
       chat_template=False,      # prompt = one user message in the tokenizer's chat template

@@ -41,8 +41,10 @@ class TaskCfg:
   name: str                   # "synthetic" | "arith_nl" | "dapo_math_17k"
   difficulty: int             # synthetic task: number of operands
   num_train: int              # synthetic task: prompts in the training pool
+  shots: int                  # arith_nl: worked examples before each problem; 0 = none
   eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
-  # eval_name may also be "math_500_int": data.integerize, MATH-500's answers made integers
+  # eval_name may also be "math_500_int": data.integerize, MATH-500's answers made integers,
+  # or "math_500_easy": MATH-500's integer-answer problems of levels 1-2
   tokenizer: str              # "synthetic" (built in the workdir) | path to an HF tokenizer dir
   chat_template: bool         # wrap each prompt as one user message in the tokenizer's chat template
   max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)

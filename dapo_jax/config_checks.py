@@ -60,6 +60,9 @@ def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):
   _require(t.name in ("synthetic", "arith_nl", "dapo_math_17k"), "task.name",
            f"unknown task {t.name!r}")
   _positive("task", t, "max_prompt_len", "difficulty", "num_train")
+  _positive("task", t, "shots", allow_zero=True)
+  _require(t.shots == 0 or t.name == "arith_nl", "task.shots",
+           f"only the arith_nl task shows worked examples; got {t.shots} for {t.name!r}")
   _positive("warm_start", w, "steps", allow_zero=True)
   _positive("warm_start", w, "batch_size", "lr")
 

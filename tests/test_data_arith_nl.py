@@ -53,8 +53,41 @@ def test_splits_disjoint_and_deterministic():
       "heldout", 40)]
 
 
+@pytest.mark.parametrize("shots", [1, 2])
+def test_worked_examples_in_the_prompt(shots):
+  task, plain = ArithNLTask(2, seed=1, shots=shots), ArithNLTask(2, seed=1)
+  shown = plain.examples("train", shots)
+  assert [x.problem for x in task.worked_examples()] == [x.problem for x in shown]
+  train, held = task.examples("train", 30), task.examples("heldout", 10)
+  assert not {x.problem for x in shown} & {x.problem for x in train + held}  # never asked
+  for e in train + held:
+    inner = template.split_prompt(e.prompt)
+    assert inner.endswith("Now solve this problem.\n" + e.problem), inner
+    for x in shown:  # each example with its reference solution, which the reward accepts
+      assert f"Problem: {x.problem}\nSolution:\n{x.solution}\n" in inner
+      assert x.solution.endswith(f"Answer: {x.answer}")
+  assert [e.problem for e in held] == [e.problem for e in plain.examples("heldout", 10)]
+  assert ArithNLTask(2, seed=1).preamble() == ""
+
+
+def test_shots_config():
+  c = base_config()
+  c.task.name, c.task.eval_name, c.task.num_train, c.task.shots = (
+      "arith_nl", "arith_nl_heldout", 8, 1)
+  c.eval.num_problems = 4
+  task = setup.load_task(config_lib.parse(c))
+  assert all("Worked example.\nProblem: " in e.prompt for e in task.train + task.eval)
+  c.task.name, c.task.eval_name = "synthetic", "synthetic_heldout"
+  with pytest.raises(ValueError, match="task.shots: only the arith_nl task"):
+    config_lib.parse(c)
+  c.task.name, c.task.shots = "arith_nl", -1
+  with pytest.raises(ValueError, match="task.shots"):
+    config_lib.parse(c)
+
+
 def test_bad_arguments():
   for kwargs, message in [({"difficulty": 0}, "arith_nl.difficulty"),
+                          ({"difficulty": 1, "shots": 9}, "arith_nl.shots"),
                           ({"difficulty": 1, "max_value": 1}, "arith_nl.max_value"),
                           ({"difficulty": 1, "seed": 1.5}, "arith_nl.seed")]:
     with pytest.raises(ValueError, match=message):

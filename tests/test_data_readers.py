@@ -244,3 +244,26 @@ def test_package_import_is_light():
   assert data.load_examples is readers.load_examples and data.PREFIX == template.PREFIX
   with pytest.raises(AttributeError, match="no attribute 'nope'"):
     data.nope  # pylint: disable=pointless-statement
+
+
+def test_math_500_easy_is_the_integer_answer_level_1_2_problems(shared, tmp_path):
+  rows = [json.loads(line) for line in (shared / "math500_simplerl.jsonl").open()]
+  want = {str(r["unique_id"]) for r in rows
+          if r["level"] <= 2 and integer_answer(r["answer"]) is not None}
+  easy = readers.load_math_500_easy(data_dir=shared)
+  assert {e.id for e in easy} == want and len(easy) == 91
+  assert all(e.answer_is_int and e.source == "math_500" for e in easy)
+  assert len(readers.load_math_500_easy(data_dir=shared, max_level=1)) < len(easy)
+  rows[3].pop("level")
+  (tmp_path / "math500_simplerl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  with pytest.raises(ValueError, match=r"math500_simplerl.jsonl: line 4: level must be an int"):
+    readers.load_math_500_easy(data_dir=tmp_path)
+
+
+def test_eval_name_math_500_easy_wiring(shared):
+  from configs import tiny_cpu  # pylint: disable=g-import-not-at-top
+  from dapo_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from dapo_jax.train import setup  # pylint: disable=g-import-not-at-top
+  c = tiny_cpu.get_config()
+  c.task.eval_name, c.eval.num_problems = "math_500_easy", 0
+  assert setup.load_task(config_lib.parse(c)).eval == readers.load_math_500_easy()

@@ -18,6 +18,7 @@ from dapo_jax.data.example import SPLITS  # noqa: F401  (re-exported)
 from dapo_jax.data.example import Example, check_examples_args, check_int_fields, split_of
 
 MAX_DIFFICULTY = 6
+MAX_SHOTS = 8
 _NAMES = (("Mia", "She"), ("Sam", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"),
           ("Ben", "He"), ("Ivy", "She"), ("Max", "He"), ("Eva", "She"), ("Tom", "He"))
 _ITEMS = ("apples", "books", "coins", "pencils", "marbles", "stickers", "cookies", "stamps")
@@ -32,10 +33,28 @@ class ArithNLTask:
   seed: int = 0
   max_value: int = 20  # largest number in a problem (and its start count)
   heldout_percent: int = 10  # share of the problem space that belongs to the held-out split
+  shots: int = 0  # worked examples (train problems with their solutions) before each problem
 
   def __post_init__(self):
     check_int_fields(self, (("difficulty", 1, MAX_DIFFICULTY), ("max_value", 2, 10**6),
-                            ("heldout_percent", 1, 99)), prefix="arith_nl.")
+                            ("heldout_percent", 1, 99), ("shots", 0, MAX_SHOTS)),
+                     prefix="arith_nl.")
+
+  def worked_examples(self) -> list[Example]:
+    """The `shots` problems shown before each problem: the first ones a shot-free task of this
+    seed and difficulty draws for "train" (never held-out, and left out of this task's lists)."""
+    if not self.shots:
+      return []
+    return dataclasses.replace(self, shots=0).examples("train", self.shots)
+
+  def preamble(self) -> str:
+    """The worked examples inside the DAPO template before the problem ("" for 0 shots), each
+    with its reference solution ending in "Answer: N" (the format the reward reads)."""
+    shown = "".join(f"Problem: {x.problem}\nSolution:\n{x.solution}\n\n"
+                    for x in self.worked_examples())
+    if not shown:
+      return ""
+    return f"Worked example{'s' if self.shots > 1 else ''}.\n{shown}Now solve this problem.\n"
 
   def split_of(self, problem: str) -> str:
     return split_of(problem, self.heldout_percent)
@@ -44,7 +63,8 @@ class ArithNLTask:
     """n distinct problems of `split`, the same list for the same (seed, split, n)."""
     check_examples_args(split, n)
     rng = random.Random(f"arith_nl/{self.seed}/{split}/{self.difficulty}/{self.max_value}")
-    out, seen = [], set()
+    preamble = self.preamble()
+    out, seen = [], {x.problem for x in self.worked_examples()}
     for _ in range(1000 + 200 * n):
       if len(out) == n:
         return out
@@ -54,7 +74,7 @@ class ArithNLTask:
       seen.add(problem)
       out.append(Example(
           id=f"arith_nl-d{self.difficulty}-{split}-{len(out):06d}", problem=problem,
-          prompt=template.make_prompt(problem), answer=str(answer), solution=solution,
+          prompt=template.make_prompt(preamble + problem), answer=str(answer), solution=solution,
           source="arith_nl"))
     raise ValueError(f"n: found only {len(out)} distinct {split} problems of {n} requested; "
                      f"the problem space at difficulty={self.difficulty}, "

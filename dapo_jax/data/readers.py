@@ -62,6 +62,20 @@ def load_examples(name: str, *, data_dir=None, path=None, skip_bad: bool = False
   return read_file(path, integer_answers=spec.integer_answers, source=name, skip_bad=skip_bad)
 
 
+def load_math_500_easy(*, data_dir=None, max_level: int = 2) -> list[Example]:
+  """The `math_500_easy` eval set: MATH-500's integer-answer problems of level <= max_level
+  (91 of 500 at levels 1-2), the part a small model might score on with the integer verifier."""
+  path = default_path("math_500", data_dir)
+  examples, _ = read_file(path, integer_answers=False, source="math_500")
+  levels = {}
+  for _, where, fields in _jsonl_rows(path, extra=("level",)):
+    level = fields["level"] if isinstance(fields, dict) else None
+    if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 5:
+      raise ValueError(f"{path}: {where}: level must be an int in [1, 5], got {level!r}")
+    levels[str(fields["id"])] = level
+  return [x for x in examples if x.answer_is_int and levels[x.id] <= max_level]
+
+
 def read_file(path, *, integer_answers: bool, source: str = "", skip_bad: bool = False):
   """Reads a .parquet or .jsonl file of math problems -> (list[Example], SkipReport)."""
   path = pathlib.Path(path)
@@ -136,8 +150,9 @@ def _has_column(schema, dotted: str) -> bool:
   return not child or (pa.types.is_struct(typ) and typ.get_field_index(child) >= 0)
 
 
-def _jsonl_rows(path):
-  """Yields (line number, "line N", {"prompt", "answer", "id"}) from a jsonl file (1-based)."""
+def _jsonl_rows(path, extra=()):
+  """Yields (line number, "line N", {"prompt", "answer", "id", *extra}) from a jsonl file
+  (1-based)."""
   with open(path, "rb") as f:
     for lineno, raw in enumerate(f, start=1):
       where = f"line {lineno}"
@@ -156,7 +171,8 @@ def _jsonl_rows(path):
                                       f"{type(obj).__name__}")
         continue
       rid = obj.get("id", obj.get("unique_id", lineno))
-      yield lineno, where, {"prompt": obj.get("problem"), "answer": obj.get("answer"), "id": rid}
+      yield lineno, where, {"prompt": obj.get("problem"), "answer": obj.get("answer"), "id": rid,
+                            **{k: obj.get(k) for k in extra}}
 
 
 def _make_example(where, fields, *, integer_answers, source, report) -> Example:

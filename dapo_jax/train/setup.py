@@ -1,5 +1,6 @@
 """Turns a validated Config into the run's parts: mesh, tokenizer, datasets, policy model."""
 import dataclasses
+import functools
 import os
 
 import jax
@@ -71,6 +72,8 @@ def load_task(cfg: Config) -> Task:
   tok = tokenizer_lib.load_tokenizer(None if t.tokenizer == "synthetic" else t.tokenizer)
   generated = _GENERATED_TASKS.get(t.name)
   if generated is not None:
+    if t.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
+      generated = functools.partial(generated, shots=t.shots)
     train = generated(difficulty=t.difficulty, seed=cfg.seed).examples("train", t.num_train)
   else:
     train, report = readers.load_examples(t.name, data_dir=t.data_dir or None)
@@ -83,12 +86,14 @@ def load_task(cfg: Config) -> Task:
     evals = generated(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
   elif t.eval_name in _EVAL_SETS:
     evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
+  elif t.eval_name == "math_500_easy":  # MATH-500's integer-answer level 1-2 problems
+    evals = readers.load_math_500_easy(data_dir=t.data_dir or None)
   elif t.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
     from dapo_jax.data import integerize  # pylint: disable=g-import-not-at-top (sympy is slow)
     evals = integerize.load_examples(data_dir=t.data_dir or None)
   else:
     raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
-                     f"one of {_HELDOUT_SETS}, math_500_int or {_EVAL_SETS}")
+                     f"one of {_HELDOUT_SETS}, math_500_int, math_500_easy or {_EVAL_SETS}")
   if cfg.eval.num_problems:
     evals = evals[:cfg.eval.num_problems]
   if tok.eos_token_id is None:
