@@ -28,6 +28,8 @@ def base_config() -> ml_collections.ConfigDict:
       param_dtype="float32",
       remat=False,
       logits_chunk=512,         # tokens per log-prob chunk
+      attention_impl="auto",    # training attention: splash on TPU, blocked elsewhere (models/attention.py)
+      attention_chunk=1024,     # positions per attention block
   )
   c.task = dict(
       name="synthetic",

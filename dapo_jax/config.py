@@ -34,6 +34,8 @@ class ModelCfg:
   param_dtype: str            # float32 | bfloat16
   remat: bool                 # rematerialise layer activations in the training forward
   logits_chunk: int           # tokens per chunk of the chunked log-prob computation
+  attention_impl: str         # training attention: auto (splash on TPU, else blocked) | blocked | splash | plain
+  attention_chunk: int        # positions per attention block (blocked / plain training attention)
 
 
 @dataclasses.dataclass(frozen=True)

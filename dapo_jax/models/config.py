@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Mapping
 
 ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ATTENTION_IMPLS = ("auto", "blocked", "splash", "plain")  # models/attention.py
 _HF_ARCH_NAMES = {
     "qwen2": "Qwen2ForCausalLM",
     "llama": "LlamaForCausalLM",
@@ -76,7 +77,9 @@ class ModelConfig:
   # (faster on CPU: no per-layer weight slices or stacked-gradient updates in the backward).
   scan_layers: bool = True
   logits_chunk: int = 512  # tokens per chunk for chunked log-probs
-  attention_chunk: int = 1024  # query positions per attention block (full forward)
+  attention_chunk: int = 1024  # positions per attention block (full forward)
+  # Training attention (models/attention.py): "auto" = splash on a TPU mesh, else blocked.
+  attention_impl: str = "auto"
   architecture: str = "qwen2"  # "qwen2" | "llama" | "qwen3"
 
   def __post_init__(self):
@@ -100,6 +103,9 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(
             f"ModelConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                       f"got {self.attention_impl!r}")
     if self.architecture not in ARCHITECTURES:
       raise ValueError(
           f"ModelConfig.architecture must be one of {ARCHITECTURES}, "

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models import attention as attention_lib
 from dapo_jax.models import decode as decode_lib
 from dapo_jax.models import layers as L
 from dapo_jax.models.config import ModelConfig
@@ -136,24 +137,29 @@ class Qwen2(nnx.Module):
     return h, jax.tree.map(lambda *xs: jnp.stack(xs), *auxes)
 
   # ----- full sequence --------------------------------------------------------------------
-  def _full(self, tokens_BxT, mask_BxT, positions_BxT, *, collect_kv: bool):
+  def _full(self, tokens_BxT, mask_BxT, positions_BxT, *, collect_kv: bool,
+            segment_ids_BxT=None, mesh=None):
+    """Hidden states (and each layer's K/V when collect_kv: prefill, on the plain path).
+
+    Query t sees key s <= t of its own segment (`segment_ids_BxT`: packed rows, 0 = padding),
+    or without segments every real key (mask_BxT) s <= t."""
     _check_bt("tokens_BxT", tokens_BxT)
-    if mask_BxT.shape != tokens_BxT.shape:
-      raise ValueError(f"mask_BxT shape {mask_BxT.shape} != tokens_BxT shape "
-                       f"{tokens_BxT.shape}")
+    for name, x in (("mask_BxT", mask_BxT), ("positions_BxT", positions_BxT),
+                    ("segment_ids_BxT", segment_ids_BxT)):
+      if x is not None and x.shape != tokens_BxT.shape:
+        raise ValueError(f"{name} shape {x.shape} != tokens_BxT shape {tokens_BxT.shape}")
     if positions_BxT is None:
       positions_BxT = default_positions(mask_BxT)
-    elif positions_BxT.shape != tokens_BxT.shape:
-      raise ValueError(f"positions_BxT shape {positions_BxT.shape} != tokens_BxT shape "
-                       f"{tokens_BxT.shape}")
-    t = tokens_BxT.shape[1]
-    causal_TxT = jnp.tril(jnp.ones((t, t), bool))
-    allowed_BxTxT = causal_TxT[None] & (mask_BxT > 0)[:, None, :]
+    if segment_ids_BxT is None:
+      q_seg, kv_seg = jnp.ones(mask_BxT.shape, jnp.int32), (mask_BxT > 0).astype(jnp.int32)
+    else:
+      q_seg = kv_seg = segment_ids_BxT.astype(jnp.int32)
     cos, sin = L.rope_cos_sin(positions_BxT, L.rope_inv_freq(self.cfg))
-    chunk = self.cfg.attention_chunk
+    impl = "plain" if collect_kv else self.cfg.attention_impl
 
     def attention(q, k, v):
-      o = L.chunked_attend(q, k, v, allowed_BxTxT, chunk=chunk)
+      o = attention_lib.attend(q, k, v, q_seg, kv_seg, impl=impl,
+                               block=self.cfg.attention_chunk, mesh=mesh)
       return o, ((k, v) if collect_kv else None)
 
     h = self._embed(tokens_BxT)
@@ -161,9 +167,11 @@ class Qwen2(nnx.Module):
     h = L.rms_norm(h, self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
     return h, kv
 
-  def hidden(self, tokens_BxT, mask_BxT, positions_BxT=None):
-    """Final-norm hidden states [B, T, D] (compute dtype)."""
-    return self._full(tokens_BxT, mask_BxT, positions_BxT, collect_kv=False)[0]
+  def hidden(self, tokens_BxT, mask_BxT, positions_BxT=None, *, segment_ids_BxT=None,
+             mesh=None):
+    """Final-norm hidden states [B, T, D] (compute dtype); segments: see `_full`."""
+    return self._full(tokens_BxT, mask_BxT, positions_BxT, collect_kv=False,
+                      segment_ids_BxT=segment_ids_BxT, mesh=mesh)[0]
 
   def __call__(self, tokens_BxT, mask_BxT, positions_BxT=None):
     """Full-sequence logits [B, T, V] in float32."""
@@ -274,7 +282,8 @@ def _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size) ->
 
 
 def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1.0,
-                   chunk_size: int | None = None, with_entropy: bool = True):
+                   chunk_size: int | None = None, with_entropy: bool = True,
+                   positions_BxT=None, segment_ids_BxT=None, mesh=None):
   """Log-probs (and entropies) of the given tokens, in chunks of the flattened sequence.
 
   logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0;
@@ -282,13 +291,17 @@ def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1
   A chunk covers about `chunk_size` tokens (max(1, chunk_size // B) positions of every row,
   so batch sharding is kept), each chunk's logits are rematerialised in the backward pass:
   at most one [B, chunk, V] float32 block lives at a time. Returns (logp, entropy or None).
+  Packed rows (`train/packing.py`) pass their per-segment positions and segment ids; the first
+  token of each segment then gets a junk value (it follows another segment), which its mask
+  hides: it is a prompt token. `mesh`: for the training attention (`Qwen2._full`).
   """
   chunk_size = _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size)
   b, t = tokens_BxT.shape
   zeros = jnp.zeros((b, t), jnp.float32)
   if t == 1:
     return zeros, (zeros if with_entropy else None)
-  h_BxTxD = model.hidden(tokens_BxT, mask_BxT)
+  h_BxTxD = model.hidden(tokens_BxT, mask_BxT, positions_BxT, segment_ids_BxT=segment_ids_BxT,
+                         mesh=mesh)
   w_DxV = model.output_weight()
   c = max(1, chunk_size // b)
   n = -(-(t - 1) // c)

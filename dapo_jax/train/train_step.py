@@ -4,7 +4,9 @@
 is read from the frozen `Config` (`cfg.algo`, nothing re-declared here). The trainer jits it
 once with explicit shardings and donates the state. The mini-batch may be split into k
 micro-batches (gradient accumulation, a `lax.scan`); micro-batch i holds rows i, i+k, i+2k, …, so
-each one spans the data shards of a batch-sharded mini-batch. Everything that needs the WHOLE
+each one spans the data shards of a batch-sharded mini-batch. The model runs on packed rows
+(several sequences per row, `train/packing.py`; the pack_* keys) and skips micro-batches that
+hold none; the loss is taken on the per-sequence [B, S] arrays, so it is the padded layout's. Everything that needs the WHOLE
 mini-batch is computed before the split: the loss denominator (core.losses' (sum, count) form),
 the off-policy correction, and the tokens Clip-Cov / KL-Cov select. The update therefore equals
 the one computed on the full mini-batch (tested).
@@ -23,25 +25,40 @@ from flax import nnx
 from dapo_jax.config import Config
 from dapo_jax.core import losses, offpolicy, stats
 from dapo_jax.models.qwen2 import token_logprobs
+from dapo_jax.train import packing
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.state import TrainState
 
 
 def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float = 1.0,
-             with_entropy: bool = True):
-  """Per-token log-probs (and entropies) of a batch under `params`; no gradient."""
+             with_entropy: bool = True, positions_BxS=None, segment_ids_BxS=None, mesh=None):
+  """Per-token log-probs (and entropies) of a batch under `params` (rows may be packed:
+  segment ids and per-segment positions, `train/packing.py`); no gradient."""
   model = nnx.merge(graphdef, params)
   return token_logprobs(model, tokens_BxS, attn_mask_BxS, temperature=temperature,
-                        with_entropy=with_entropy)
+                        with_entropy=with_entropy, positions_BxT=positions_BxS,
+                        segment_ids_BxT=segment_ids_BxS, mesh=mesh)
 
 
-def _objective(params, graphdef, mb, denominator, cfg: Config):
+def _micro_logprobs(params, graphdef, mb, rows, i, *, temperature, with_entropy, mesh):
+  """Log-probs (and entropies) [B, S] of micro-batch i's sequences, computed on its packed
+  `rows` (the micro-batch's pack_* rows) and gathered back; 0 for every other sequence."""
+  seg = rows["pack_segments"]
+  logp, ent = logprobs(graphdef, params, rows["pack_tokens"], seg > 0, temperature=temperature,
+                       with_entropy=with_entropy, positions_BxS=rows["pack_positions"],
+                       segment_ids_BxS=seg, mesh=mesh)
+  valid = (mb["attn_mask"] > 0) & (mb["pack_micro"] == i)[:, None]
+  gather = lambda x: jnp.where(valid, jnp.take(x.reshape(-1), mb["pack_src"]), 0.0)
+  return gather(logp), (gather(ent) if with_entropy else None)
+
+
+def _objective(params, graphdef, mb, rows, i, denominator, cfg: Config, mesh):
+  """Micro-batch i's share of the mini-batch loss (the global denominator divides it)."""
   a = cfg.algo
-  model = nnx.merge(graphdef, params)
   need_entropy = a.entropy_coef > 0
-  logp, ent = token_logprobs(model, mb["tokens"], mb["attn_mask"],
-                             temperature=cfg.rollout.temperature, with_entropy=need_entropy)
-  mask = mb["loss_mask"]
+  logp, ent = _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh,
+                              temperature=cfg.rollout.temperature, with_entropy=need_entropy)
+  mask = mb["loss_mask"] * (mb["pack_micro"] == i)[:, None].astype(mb["loss_mask"].dtype)
   agg = dict(agg=a.loss_agg, loss_scale_factor=cfg.loss_scale_factor, denominator=denominator)
   pg_loss, aux = losses.policy_loss(
       logp, mb["old_logp"], mb["adv"], mask, mode=a.loss_mode, weight_BxT=mb.get("is_weight"),
@@ -86,10 +103,6 @@ def _split(x, k: int):
   return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
 
 
-def _unsplit(x):
-  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
-
-
 def _off_policy(minibatch, cfg: Config):
   """The sampler-vs-trainer correction over the whole mini-batch (core.offpolicy)."""
   a = cfg.algo
@@ -107,49 +120,66 @@ def _off_policy(minibatch, cfg: Config):
   return mb, aux
 
 
-def _select(params, graphdef, mb, k: int, cfg: Config, key):
+def _select(params, graphdef, mb, rows_k, n_used, cfg: Config, key, mesh):
   """Clip-Cov / KL-Cov token selection from a no-gradient log-prob pass over the mini-batch."""
   a = cfg.algo
-  fwd = lambda m: logprobs(graphdef, params, m["tokens"], m["attn_mask"],
-                           temperature=cfg.rollout.temperature, with_entropy=False)[0]
-  split = {n: _split(mb[n], k) for n in ("tokens", "attn_mask")}
-  logp = jax.lax.stop_gradient(_unsplit(jax.lax.map(fwd, split)))
+
+  def add(i, acc):
+    rows = jax.tree.map(lambda x: x[i], rows_k)
+    return acc + _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh, with_entropy=False,
+                                 temperature=cfg.rollout.temperature)[0]
+
+  zeros = jnp.zeros(mb["loss_mask"].shape, jnp.float32)
+  logp = jax.lax.stop_gradient(jax.lax.fori_loop(0, n_used, add, zeros))
   return losses.select_tokens(logp, mb["old_logp"], mb["adv"], mb["loss_mask"],
                               mode=a.loss_mode, key=key, **a.loss_params())
 
 
-def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None):
+def _micro_batches(minibatch, cfg: Config) -> int:
+  b = minibatch["tokens"].shape[0]
+  mbs = cfg.train.micro_batch_size or b
+  if b % mbs:
+    raise ValueError(f"micro_batch_size: {mbs} does not divide the mini-batch of {b} sequences")
+  return b // mbs
+
+
+def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=None):
   """(loss, grads, aux) over the whole mini-batch, accumulated over micro-batches if asked.
-  key: for Clip-Cov's random pick (default PRNGKey(cfg.seed))."""
-  B = minibatch["tokens"].shape[0]
-  mbs = cfg.train.micro_batch_size or B
-  if B % mbs:
-    raise ValueError(f"micro_batch_size: {mbs} does not divide the mini-batch of {B} sequences")
-  k = B // mbs
+  The model runs on the packing plan's rows (pack_* keys, `train/packing.py`; without them
+  every sequence is its own row), only on micro-batches that hold a sequence.
+  key: for Clip-Cov's random pick (default PRNGKey(cfg.seed)). mesh: training attention's."""
+  k = _micro_batches(minibatch, cfg)
   mb, is_aux = _off_policy(minibatch, cfg)
+  if "pack_src" not in mb:
+    mb = dict(mb, **packing.identity_plan(mb["tokens"], mb["attn_mask"], micro_batches=k))
+  rows_k = {n: _split(mb[n], k) for n in packing.KEYS[:3]}
+  n_used = jnp.max(mb["pack_micro"]) + 1
   denominator = losses.loss_denominator(mb["loss_mask"], agg=cfg.algo.loss_agg)
   if losses.MODES[cfg.algo.loss_mode].selects:
     key = jax.random.PRNGKey(cfg.seed) if key is None else key
-    mb = dict(mb, selected=_select(params, graphdef, mb, k, cfg, key))
+    mb = dict(mb, selected=_select(params, graphdef, mb, rows_k, n_used, cfg, key, mesh))
   grad_fn = jax.value_and_grad(_objective, has_aux=True)
+  run = lambda i, rows: grad_fn(params, graphdef, mb, rows, i, denominator, cfg, mesh)
+  shapes = jax.eval_shape(run, 0, jax.tree.map(lambda x: x[0], rows_k))
+  skip = lambda i, rows: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-  def body(carry, mb_i):
-    (l, aux), g = grad_fn(params, graphdef, mb_i, denominator, cfg)
+  def body(carry, xs):
+    (l, aux), g = jax.lax.cond(xs[0] < n_used, run, skip, *xs)
     return (carry[0] + l, jax.tree.map(jnp.add, carry[1], g)), aux
 
   zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-  (loss, grads), aux = jax.lax.scan(body, zeros, jax.tree.map(lambda x: _split(x, k), mb))
+  (loss, grads), aux = jax.lax.scan(body, zeros, (jnp.arange(k), rows_k))
   return loss, grads, dict(_combine_aux(aux), **is_aux)
 
 
 def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimizer,
-               cfg: Config):
+               cfg: Config, mesh=None):
   """One optimizer update. A non-finite loss, gradient, update or new parameter leaves params and
   optimizer untouched (skipped, reported as `skipped` = 1): a corrupt optimizer state can never
   write NaN weights. `lr` is the learning rate this update
   used (cfg.optim's schedule at the count of applied updates, which the optimizer shares)."""
   key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state.updates)
-  loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, cfg, key=key)
+  loss, grads, aux = loss_and_grad(state.params, graphdef, minibatch, cfg, key=key, mesh=mesh)
   grad_norm = optax.tree.norm(grads)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
   new_params = jax.tree.map(lambda p, u: p + u.astype(p.dtype), state.params, updates)
