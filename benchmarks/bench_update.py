@@ -4,7 +4,7 @@
     python benchmarks/bench_update.py --model=HF_DIR --batch=16 --seq=512 --json=F
 
 Rows are random token ids >= 4, every position a response token (attention and loss masks all
-1), advantages +-1, old log-probs from the trainer's log-prob pass (`trainer._logprob_fn`), lr
+1), advantages +-1, old log-probs from the trainer's log-prob pass (`logprob_pass.logprob_fn`), lr
 1e-6, eps 0.2 / 0.28, token-mean loss. One warm-up update (compilation), then `--reps` timed
 updates; `tok_per_s` = batch x seq / the median update time (in `F` with the log-prob pass's
 rate). `--scan_layers` picks the model's layer loop (ModelConfig.scan_layers) for A/B runs.
@@ -23,7 +23,8 @@ import bench_common as common  # pylint: disable=g-import-not-at-top,wrong-impor
 
 
 def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
-                 prompt_len: int | None = None, reward: str | None = None):
+                 prompt_len: int | None = None, reward: str | None = None,
+                 model_overrides=()):
   """The trainer's Config for these benchmarks: configs/tiny_cpu.py with the model at
   `model_dir`, one mini-batch of `rows` sequences of `seq` tokens (prompt_len of them the
   prompt; default a quarter), the issue's loss settings."""
@@ -47,16 +48,21 @@ def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
   c.algo.overlong_cache_len = 0
   c.algo.kl_coef = c.algo.entropy_coef = 0.0
   c.optim.lr, c.optim.warmup_steps, c.warm_start.steps = 1e-6, 0, 0
+  for item in model_overrides:  # "attention_chunk=256": A/B runs of a config.model run field
+    key, value = item.split("=", 1)
+    c.model[key] = type(c.model[key])(value)
   return config_lib.parse(c)
 
 
-def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: int = 16):
+def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: int = 16,
+              model_overrides=()):
   """trainer.build on the benchmark config; `scan_layers` (None: the model's default) swaps
   the layer loop of the trainer's graph for an A/B run."""
   import tempfile  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
-  cfg = bench_config(model_dir, rows=rows, seq=seq, group=min(group, rows))
+  cfg = bench_config(model_dir, rows=rows, seq=seq, group=min(group, rows),
+                     model_overrides=model_overrides)
   run = trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
   if scan_layers is not None:
     model = nnx.merge(run.graphdef, run.state.params)
@@ -75,11 +81,14 @@ def random_rows(vocab: int, rows: int, seq: int, seed: int = 0) -> dict:
 
 def run(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
-  from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
-  r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers)
+  from dapo_jax.train import logprob_pass, trainer  # pylint: disable=g-import-not-at-top
+  r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers,
+                model_overrides=args.model_override)
   arrays = random_rows(r.model_config.vocab_size, args.batch, args.seq)
-  logp_fn = lambda: trainer._logprob_fn(  # pylint: disable=protected-access
-      r.state.params, arrays["tokens"], arrays["attn_mask"], graphdef=r.graphdef,
+  segments = arrays["attn_mask"].astype(np.int32)  # one sequence per row
+  positions = np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))
+  logp_fn = lambda: logprob_pass.logprob_fn(
+      r.state.params, arrays["tokens"], segments, positions, graphdef=r.graphdef, mesh=r.mesh,
       temperature=r.cfg.rollout.temperature, with_entropy=True)
   logp_fn()
   lp_times = [common.timed(logp_fn)[1] for _ in range(args.reps)]
@@ -100,7 +109,8 @@ def run(args) -> dict:
               logprob_tok_per_s=tokens / lp["median"], logprob_s=lp,
               scan_layers=r.model_config.scan_layers if args.scan_layers is None
               else args.scan_layers, loadavg_before=load0, loadavg_after=common.loadavg(),
-              skipped=float(m["skipped"]), setting=dict(batch=args.batch, seq=args.seq))
+              skipped=float(m["skipped"]), setting=dict(batch=args.batch, seq=args.seq),
+              model_overrides=list(args.model_override))
 
 
 def main():
@@ -111,6 +121,8 @@ def main():
   ap.add_argument("--reps", type=int, default=3, help="timed updates after the warm-up")
   ap.add_argument("--scan_layers", type=int, choices=(0, 1), default=None,
                   help="A/B: 1 = layers under lax.scan, 0 = unrolled (default: the model's)")
+  ap.add_argument("--model_override", action="append", default=[], metavar="FIELD=VALUE",
+                  help="A/B: a config.model run field, e.g. attention_impl=plain (repeatable)")
   ap.add_argument("--json", help="write the result here")
   args = ap.parse_args()
   if args.scan_layers is not None:

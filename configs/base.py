@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
       remat=False,
       logits_chunk=512,         # tokens per log-prob chunk
       attention_impl="auto",    # training attention: splash on TPU, blocked elsewhere (models/attention.py)
-      attention_chunk=1024,     # positions per attention block
+      attention_chunk=256,      # positions per attention block (blocked: causal skipping)
   )
   c.task = dict(
       name="synthetic",
@@ -100,6 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
       batch_size=16,            # prompts (groups) per step
       num_minibatches=4,        # optimizer updates per step
       micro_batch_size=config_dict.placeholder(int),  # sequences per slice; None = whole mini-batch
+      packing=True,             # sequences packed into rows of seq_len tokens (padding-free update)
       max_bad_steps=3,          # consecutive non-finite updates before stopping
       entropy_floor=0.05,       # nats
       entropy_ceiling=4.0,      # nats

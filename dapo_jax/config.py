@@ -124,6 +124,7 @@ class TrainCfg:
   batch_size: int             # prompts (groups) per rollout step
   num_minibatches: int        # optimizer updates per rollout step
   micro_batch_size: int | None  # sequences per gradient-accumulation slice; None = whole mini-batch
+  packing: bool               # pack sequences into rows of seq_len (train/packing.py); False = one per row
   max_bad_steps: int          # consecutive non-finite updates (skipped) before the run stops
   entropy_floor: float        # nats; warn below (entropy collapse)
   entropy_ceiling: float      # nats; warn above (entropy explosion)
@@ -211,6 +212,11 @@ class Config:
   def minibatch_seqs(self) -> int:
     """Sequences per optimizer update."""
     return self.minibatch_prompts * self.rollout.group_size
+
+  @property
+  def micro_batches(self) -> int:
+    """Gradient-accumulation slices per optimizer update (rows of seq_len tokens each)."""
+    return self.minibatch_seqs // (self.train.micro_batch_size or self.minibatch_seqs)
 
   @property
   def prompts_per_round(self) -> int:

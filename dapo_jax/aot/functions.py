@@ -18,7 +18,8 @@ from dapo_jax.aot import shapes
 from dapo_jax.config import Config
 from dapo_jax.rollout import budget, device_fns, sampling, state as rstate
 from dapo_jax.train import setup
-from dapo_jax.train.train_step import logprobs, train_step
+from dapo_jax.train import logprob_pass, packing
+from dapo_jax.train.train_step import train_step
 
 
 @dataclasses.dataclass
@@ -69,22 +70,22 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
 
   minibatch = {"tokens": arr(seqs, jnp.int32, t), "attn_mask": arr(seqs, jnp.float32, t),
                "loss_mask": arr(seqs, jnp.float32, t), "old_logp": arr(seqs, jnp.float32, t),
-               "adv": arr(seqs, jnp.float32)}
+               "adv": arr(seqs, jnp.float32), "pack_micro": arr(seqs, jnp.int32),
+               **{k: arr(seqs, jnp.int32, t) for k in packing.KEYS[:4]}}
   if cfg.algo.kl_coef > 0:
     minibatch["ref_logp"] = arr(seqs, jnp.float32, t)
   if cfg.algo.is_correction != "none":
     minibatch["behav_logp"] = arr(seqs, jnp.float32, t)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   step = jax.jit(functools.partial(train_step, graphdef=model.graphdef, optimizer=optimizer,
-                                   cfg=cfg),
+                                   cfg=cfg, mesh=mesh),
                  in_shardings=(state_sh, dsh), out_shardings=(state_sh, rep),
                  donate_argnums=(0,))
-  logp = jax.jit(functools.partial(logprobs, model.graphdef, temperature=cfg.rollout.temperature,
-                                   with_entropy=True))
+  logp = jax.jit(functools.partial(logprob_pass.logprob_fn, graphdef=model.graphdef, mesh=mesh,
+                                   temperature=cfg.rollout.temperature, with_entropy=True))
   jobs = [Job("init_train_state", init, (model.params,), ()),
           Job("train_step", step, (state, minibatch), ("sampler_params", "ref_params")),
-          Job("old_logprobs", logp, (model.params, arr(rows, jnp.int32, t),
-                                     arr(rows, jnp.float32, t)),
+          Job("old_logprobs", logp, (model.params, *(arr(rows, jnp.int32, t) for _ in range(3))),
               ("opt_state", "sampler_params", "ref_params"))]
   buffers = {"train_state": shapes.bytes_per_chip(state),
              "opt_state": shapes.bytes_per_chip(state.opt_state),

@@ -32,9 +32,9 @@ from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib, checkpoint_dirs
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
-from dapo_jax.train import prefilter as prefilter_lib
+from dapo_jax.train import logprob_pass, prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
-from dapo_jax.train.train_step import logprobs, train_step
+from dapo_jax.train.train_step import train_step
 
 
 class TooManyBadSteps(RuntimeError):
@@ -153,37 +153,13 @@ def _generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy"))
-def _logprob_fn(params, tokens_BxS, attn_BxS, *, graphdef, temperature, with_entropy):
-  return logprobs(graphdef, params, tokens_BxS, attn_BxS, temperature=temperature,
-                  with_entropy=with_entropy)
-
-
-def _batched_logprobs(run: Run, params, arrays, *, with_entropy: bool):
-  """Log-probs (and entropies) of all rows, one micro-batch of sequences per device call."""
-  cfg = run.cfg
-  rows = cfg.train.micro_batch_size or cfg.minibatch_seqs
-  dsh = sharding.data_sharding(run.mesh)
-  outs = []
-  for i in range(0, arrays["tokens"].shape[0], rows):
-    t = multihost.put(arrays["tokens"][i:i + rows], dsh)
-    m = multihost.put(arrays["attn_mask"][i:i + rows], dsh)
-    with jax.transfer_guard("disallow"):  # inputs are placed explicitly above
-      outs.append(_logprob_fn(params, t, m, graphdef=run.graphdef,
-                              temperature=cfg.rollout.temperature, with_entropy=with_entropy))
-  outs = multihost.to_host(outs)
-  logp = np.concatenate([np.asarray(o[0]) for o in outs])
-  ent = np.concatenate([np.asarray(o[1]) for o in outs]) if with_entropy else None
-  return logp, ent
-
-
 def _jitted_train_step(run: Run):
   """The update with explicit layouts: the state keeps its (fsdp/tensor) sharding, every
   mini-batch array is split over the batch axes, metrics come back replicated."""
   state_sh = jax.tree.map(lambda x: x.sharding, run.state)
   replicated = jax.sharding.NamedSharding(run.mesh, jax.sharding.PartitionSpec())
   return jax.jit(functools.partial(train_step, graphdef=run.graphdef, optimizer=run.optimizer,
-                                   cfg=run.cfg),
+                                   cfg=run.cfg, mesh=run.mesh),
                  in_shardings=(state_sh, sharding.data_sharding(run.mesh)),
                  out_shardings=(state_sh, replicated), donate_argnums=(0,))
 
@@ -191,7 +167,7 @@ def _jitted_train_step(run: Run):
 @dataclasses.dataclass
 class Prepared:
   """A kept batch laid out for the update (host arrays, rows n·G + g)."""
-  arrays: dict              # tokens, attn_mask, loss_mask, old_logp, adv[, ref_logp]: [B, S] / [B]
+  arrays: dict              # tokens, attn_mask, loss_mask, old_logp, adv[, ref_logp], pack_*: [B, S] / [B]
   resp_mask_BxS: np.ndarray  # response tokens (before overlong filtering)
   adv_NxG: np.ndarray
   logp_BxS: np.ndarray      # log-probs under the params that generated the batch
@@ -224,13 +200,15 @@ def prepare(run: Run, batch: groups_lib.Groups) -> Prepared:
       jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std, eps=a.adv_eps))
   arrays, resp_mask = groups_lib.training_arrays(batch, adv_NxG, seq_len=run.cfg.seq_len,
                                                  overlong_filter=a.overlong_filter)
-  logp, entropy = _batched_logprobs(run, run.state.params, arrays, with_entropy=True)
+  arrays.update(logprob_pass.plans(run.cfg, arrays))  # each mini-batch's packed rows
+  logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, arrays, with_entropy=True)
   if a.is_correction != "none":  # off-policy correction weighs sampler vs trainer log-probs
     arrays["behav_logp"] = arrays["old_logp"]  # still the sampler's here
   if a.old_logp_source == "recompute":
     arrays["old_logp"] = logp * resp_mask
   if a.kl_coef > 0:
-    arrays["ref_logp"], _ = _batched_logprobs(run, run.ref_params, arrays, with_entropy=False)
+    arrays["ref_logp"], _ = logprob_pass.batched_logprobs(run, run.ref_params, arrays,
+                                                          with_entropy=False)
   return Prepared(arrays=arrays, resp_mask_BxS=resp_mask, adv_NxG=adv_NxG, logp_BxS=logp,
                   entropy_BxS=entropy)
 
@@ -263,6 +241,8 @@ def rollout_step(run: Run, step_fn) -> dict:
     batch, sampling_summary = collect(run)
   with timer("prepare"):
     prep = prepare(run, batch)
+  # Real tokens / positions the update computes (1 = no padding; train.packing raises it).
+  sampling_summary["pack_fill"] = logprob_pass.packed_token_share(run.cfg, prep.arrays)
   with timer("update"):
     step_metrics = update(run, step_fn, prep.arrays)
     jax.block_until_ready(run.state)  # timed to completion, not to dispatch
