@@ -3,6 +3,11 @@ plain path in values and gradients, for packed segments and right-padded rows, a
 that split T unevenly; the model's full forward through each implementation agrees; the
 splash kernel compiles for a TPU topology (AOT, libtpu) inside a sharded jit."""
 import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +19,7 @@ from dapo_jax.models import attention
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2, token_logprobs
 
 B, T, H, KV, D = 3, 37, 4, 2, 8
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _qkv(seed=0):
@@ -92,3 +98,40 @@ def test_model_logprobs_equal_across_impls(impl):
   b, eb = token_logprobs(model, tokens, mask)
   np.testing.assert_allclose(a, b, atol=2e-5)
   np.testing.assert_allclose(ea, eb, atol=2e-5)
+
+
+SPLASH_SCRIPT = r"""
+import json, re, sys
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from dapo_jax import sharding
+from dapo_jax.aot import topology
+from dapo_jax.models import attention
+mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 2},
+                          topology.devices(topology.parse("v5p-8")))
+def loss(q, k, v, seg):
+  o = attention.attend(q, k, v, seg, seg, impl="auto", block=256, mesh=mesh)
+  return jnp.sum(o.astype(jnp.float32))
+heads = P(("data", "fsdp"), None, "tensor", None)
+sd = lambda shape, dt, spec: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
+args = (sd((4, 500, 4, 128), jnp.bfloat16, heads), sd((4, 500, 2, 128), jnp.bfloat16, heads),
+        sd((4, 500, 2, 128), jnp.bfloat16, heads), sd((4, 500), jnp.int32, P(("data", "fsdp"))))
+text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile().as_text()
+json.dump({"custom_calls": sorted(set(re.findall(r'custom_call_target="([^"]+)"', text))),
+           "splash": "splash" in text, "resolved": attention.resolve("auto", mesh)}, sys.stdout)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed "
+                    "(pip install -r requirements-dev.txt): TPU compiles need it")
+def test_splash_compiles_for_tpu_with_gradients_under_shard_map():
+  """The auto choice on a TPU mesh is splash; forward + backward compile for v5p-8 with batch
+  and heads sharded, T = 500 padded to the kernel's blocks (AOT on CPU, libtpu)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  p = subprocess.run([sys.executable, "-c", SPLASH_SCRIPT], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = json.loads(p.stdout)
+  assert out["resolved"] == "splash" and out["splash"], out
+  assert "tpu_custom_call" in out["custom_calls"], out
