@@ -1,6 +1,6 @@
 """Paged KV cache: same tokens and log-probs as the dense cache (any pool size, layer loop,
 mesh), prompt pages shared by a group, pages returned, preemption under a tight pool, the
-Pallas kernel (interpret mode) against the reference path and bad inputs."""
+Pallas kernel (interpret mode) against the reference path, budget sizing and bad inputs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +10,7 @@ from jax.experimental.pallas import tpu as pltpu
 from dapo_jax import sharding
 from dapo_jax.models import paged
 from dapo_jax.models.qwen2 import ModelConfig
-from dapo_jax.rollout import device_fns, pages
+from dapo_jax.rollout import budget, device_fns, pages
 from dapo_jax.rollout.engine import Engine
 from dapo_jax.rollout.sampler import GroupSampler, make_sampler
 from tests.test_rollout_sampler import EOS, MAX_LEN, P_LEN, prompts_of, tiny_model
@@ -108,6 +108,27 @@ def test_kernel_matches_reference(cpu_devices, layers, axes):
   assert float(jnp.abs(got - ref).max()) < 2e-2 < float(jnp.abs(got).max())
 
 
+def test_budget_sizes_pages():
+  mcfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8)
+  shape = {"data": 2, "fsdp": 1, "tensor": 2}
+  per_page = budget.slot_bytes_per_chip(mcfg, max_len=16, tensor=2)  # 2 x 2 x 16 x 1 x 8 x 4
+  assert per_page == 2048
+  got = budget.sampler_pages(kv_cache_gib=100 * 2048 / 2**30, mcfg=mcfg, max_len=64,
+                             page_size=16, mesh_shape=shape)
+  assert got == 200
+  assert budget.sampler_pages(kv_cache_gib=0, mcfg=mcfg, max_len=64, page_size=16,
+                              mesh_shape=shape) is None
+  with pytest.raises(ValueError, match="config.rollout.kv_cache_gib: .* fewer than one sequence"):
+    budget.sampler_pages(kv_cache_gib=4 * 2048 / 2**30, mcfg=mcfg, max_len=64, page_size=16,
+                         mesh_shape=shape)
+  kw = dict(kv_cache_gib=0.0, group_size=4, mcfg=mcfg, max_len=64, mesh_shape=shape,
+            paged=True)
+  assert budget.sampler_slots(num_slots=64, hosts=4, **kw) == 16
+  with pytest.raises(ValueError, match="config.rollout.num_slots: 5 concurrent"):
+    budget.sampler_slots(num_slots=5, hosts=1, **kw)
+
+
 def test_bad_inputs(model):
   kw = dict(num_slots=4, max_prompt_len=P_LEN, max_len=MAX_LEN, paged_kv=True)
   with pytest.raises(ValueError, match="page_size: must be a positive int"):
@@ -124,4 +145,7 @@ def test_bad_inputs(model):
     eng.insert(eng.prefill(params=eng.params, padded_tokens=[5], true_length=1), st, 0)
   with pytest.raises(ValueError, match="page_table: needed exactly when"):
     eng.generate_chunk(eng.params, st, stop_on_finish=False)
-  assert device_fns.paged_spec(eng.mesh, max_len=40, slots=4, page_size=8).pages_per_block == 1
+  spec = device_fns.paged_spec(eng.mesh, max_len=40, slots=4, page_size=8, head_dim=128)
+  assert spec.pages_per_block == 1 and not spec.kernel  # CPU: the reference path
+  with pytest.raises(ValueError, match="paged_impl: the Pallas kernel needs head_dim"):
+    Engine(model, paged_impl="kernel", **kw)

@@ -134,11 +134,15 @@ def attend_kernel(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer, sp
 
 
 def write(pages, layer, page_B, off_B, x_BxKvxHd):
-  """Stores each row's new K (or V) at (page, offset), of `layer` of a stacked pool if set."""
-  x = x_BxKvxHd.swapaxes(0, 1).astype(pages.dtype)
+  """Stores each row's new K (or V) at (page, offset), of `layer` of a stacked pool if set.
+  Every (KV head, row) is its own scatter index, so the update window is only Hd: the pool
+  keeps its row-major layout (the kernel's) instead of XLA:TPU re-laying it out, and copying
+  it back, around a scatter whose window spans the KV heads."""
+  x = x_BxKvxHd.swapaxes(0, 1).astype(pages.dtype)  # [Kv, B, Hd]
+  kv_Kx1 = jnp.arange(pages.shape[0])[:, None]
   if layer is None:
-    return pages.at[:, page_B, off_B].set(x)
-  return pages.at[:, layer, page_B, off_B].set(x)
+    return pages.at[kv_Kx1, page_B[None, :], off_B[None, :]].set(x)
+  return pages.at[kv_Kx1, layer, page_B[None, :], off_B[None, :]].set(x)
 
 
 def decode_step(model, tokens_B, positions_B, pool, table_BxP, spec: PagedSpec, *,

@@ -101,14 +101,18 @@ def batch_shards(mesh) -> int:
   return mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
 
 
-def paged_spec(mesh, *, max_len: int, slots: int, page_size: int,
+def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
                impl: str = "auto") -> paged_lib.PagedSpec:
   """The page layout of a paged engine on `mesh`. impl: "kernel" (the Pallas kernel, 8 pages
   or the most that divide a row's page count per block; off TPU only under
-  `pltpu.force_tpu_interpret_mode`), "reference", or "auto" = the kernel on TPU meshes, the
-  reference elsewhere. Slots must split over the batch shards (each owns its rows' pages)."""
+  `pltpu.force_tpu_interpret_mode`), "reference", or "auto" = the kernel on TPU meshes when
+  head_dim is a multiple of 128 (the kernel's lane width), else the reference. Slots must
+  split over the batch shards (each owns its rows' pages)."""
   if impl not in PAGED_IMPLS:
     raise ValueError(f"paged_impl: must be one of {PAGED_IMPLS}, got {impl!r}")
+  if impl == "kernel" and head_dim % 128:
+    raise ValueError(f"paged_impl: the Pallas kernel needs head_dim a multiple of 128, got "
+                     f"{head_dim}")
   if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
     raise ValueError(f"page_size: must be a positive int (tokens), got {page_size!r}")
   shards = batch_shards(mesh)
@@ -119,7 +123,8 @@ def paged_spec(mesh, *, max_len: int, slots: int, page_size: int,
   block = max(n for n in (8, 4, 2, 1) if pps % n == 0)
   return paged_lib.PagedSpec(page_size=page_size, max_len=max_len,
                              kernel=impl == "kernel" or (
-                                 impl == "auto" and mesh.devices.flat[0].platform == "tpu"),
+                                 impl == "auto" and head_dim % 128 == 0
+                                 and mesh.devices.flat[0].platform == "tpu"),
                              mesh=mesh,
                              pages_per_block=block)
 

@@ -49,7 +49,8 @@ class Engine(engine_api.Engine):
   paged_kv: keep K/V in a page pool (`models/paged.py`; the group sampler allocates the pages,
     JetStream's orchestrator needs the dense cache) of num_pages pages of page_size tokens
     (None = every slot at max_len, plus one null page per batch shard). paged_impl: one of
-    device_fns.PAGED_IMPLS ("auto" = the Pallas kernel on TPU, the reference gather elsewhere).
+    device_fns.PAGED_IMPLS ("auto" = the Pallas kernel on TPU when head_dim is a multiple of
+    128, else the reference gather).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
@@ -79,7 +80,8 @@ class Engine(engine_api.Engine):
     self._mesh = mesh
     self._per_layer = device_fns.per_layer_decode(mesh, layer_loop)
     self._paged = device_fns.paged_spec(mesh, max_len=self._max_len, slots=self._num_slots,
-                                        page_size=page_size, impl=paged_impl) if paged_kv else None
+                                        page_size=page_size, head_dim=self.cfg.head_dim,
+                                        impl=paged_impl) if paged_kv else None
     self._num_pages = self._paged and device_fns.pool_pages(
         mesh, self._paged, slots=self._num_slots, num_pages=num_pages)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
