@@ -29,6 +29,7 @@ from dapo_jax.models import layers as L
 
 # Logical axes of each pool array [Kv, L, N, page, Hd].
 PAGE_AXES = ("kv_heads", "layers", "batch", None, "head_dim")
+_MASKED = -1e30  # as models/layers.py: finite, so a row with no visible key is junk, not NaN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +74,24 @@ def page_buckets(spec: PagedSpec) -> tuple[int, ...]:
 
 
 def _gather(pages, layer, idx_BxN):
-  """[B, n * page, Kv, Hd] of the given pages (of one layer of a stacked pool if layer)."""
+  """[Kv, B, n * page, Hd] of the given pages (of one layer of a stacked pool if layer)."""
   g = pages[:, idx_BxN] if layer is None else pages[:, layer, idx_BxN]  # [Kv, B, n, page, Hd]
   kv, b, n, ps, hd = g.shape
-  return g.transpose(1, 2, 3, 0, 4).reshape(b, n * ps, kv, hd)
+  return g.reshape(kv, b, n * ps, hd)
+
+
+def attend_gathered(q_Bx1xHxK, k_KvxBxSxK, v_KvxBxSxK, allowed_BxS):
+  """`layers.attend` for one query per row over keys laid out [Kv, B, S, K] (as gathered
+  from the pool, so no transpose): (KV head, row) are the matmuls' batch dimensions and the
+  query heads of a group their columns, the form XLA:CPU runs fastest (`layers.attend_one`)."""
+  b, _, h, k = q_Bx1xHxK.shape
+  kv, dt = k_KvxBxSxK.shape[0], k_KvxBxSxK.dtype
+  q = q_Bx1xHxK.reshape(b, kv, h // kv, k).swapaxes(0, 1).astype(dt)  # [Kv, B, G, K]
+  s = jnp.einsum("nbsk,nbgk->nbsg", k_KvxBxSxK, q, preferred_element_type=jnp.float32)
+  s = jnp.where(allowed_BxS[None, :, :, None], s * (1.0 / math.sqrt(k)), _MASKED)
+  p = jax.nn.softmax(s, axis=2).astype(dt)
+  o = jnp.einsum("nbsg,nbsk->nbgk", p, v_KvxBxSxK, preferred_element_type=jnp.float32)
+  return o.swapaxes(0, 1).reshape(b, 1, h, k).astype(q_Bx1xHxK.dtype)
 
 
 def attend_reference(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer, spec):
@@ -88,7 +103,7 @@ def attend_reference(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer,
   def branch(q, kp, vp, table, pos, lay, *, n):
     k, v = _gather(kp, lay, table[:, :n]), _gather(vp, lay, table[:, :n])
     allowed_BxS = jnp.arange(n * spec.page_size)[None, :] <= pos[:, None]
-    return L.attend_one(q, k, v, allowed_BxS)
+    return attend_gathered(q, k, v, allowed_BxS)
 
   branches = [functools.partial(branch, n=n) for n in sizes]
   return jax.lax.switch(bucket, branches, q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B,
