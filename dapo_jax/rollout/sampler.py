@@ -108,7 +108,9 @@ class GroupSampler:
     steps_per_call steps), slot_utilisation (generated tokens / (decode_steps x slots)),
     prefills (prompts prefilled: one each), prefill_calls, inserts (samples put into slots),
     prefill_tokens_saved and prefill_flops_saved (what prefilling every sample separately would
-    have added), generated_tokens, wall_time_s, tokens_per_s.
+    have added), generated_tokens, wall_time_s, tokens_per_s, preemptions (paged: samples
+    stopped for lack of pages and re-run from their start; counted in inserts too) and
+    pages_peak (paged: most pool pages held at once; 0 for the dense cache).
     """
     eng, t0 = self.engine, time.perf_counter()
     g, t_max, offset = self._check_counts(group_size, max_new_tokens, prompt_offset)
@@ -126,6 +128,8 @@ class GroupSampler:
     while True:
       self._refill(run)
       if not run.book.busy():
+        if run.queue.pending():  # cannot happen: an empty shard holds any one sample
+          raise RuntimeError("sample_groups: samples wait but none could be admitted")
         break
       if pool is not None:
         self._grow(run)
