@@ -51,13 +51,18 @@ def test_paged_equals_dense(model, dense, layer_loop, num_pages):
     assert b.stats["preemptions"] == 0
 
 
-@pytest.mark.parametrize("axes", [{"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}])
-def test_paged_on_meshes(model, dense, axes):
-  mesh = sharding.make_mesh(axes)
+# (data 2, tensor 2) with 12 pages: 2 shards of 1 null page + 5, each shard's 4 rows preempt.
+@pytest.mark.parametrize("axes,num_pages", [({"data": 8}, None),
+                                            ({"data": 2, "fsdp": 2, "tensor": 2}, None),
+                                            ({"data": 2, "tensor": 2}, 12)])
+def test_paged_on_meshes(model, dense, axes, num_pages):
+  mesh = sharding.make_mesh(axes, jax.devices()[:int(np.prod(list(axes.values())))])
   s = make_sampler(model, num_slots=8, max_prompt_len=P_LEN, max_len=MAX_LEN, steps_per_call=4,
-                   mesh=mesh, paged_kv=True, page_size=8)
+                   mesh=mesh, paged_kv=True, page_size=8, num_pages=num_pages)
   prompts = prompts_of(4, seed=6)
-  _same(dense.sample_groups(prompts, **KW), s.sample_groups(prompts, **KW))
+  got = s.sample_groups(prompts, **KW)
+  _same(dense.sample_groups(prompts, **KW), got)
+  assert (got.stats["preemptions"] > 0) == (num_pages is not None)
   pool = s.engine.init_decode_state().cache["k"]
   assert pool.sharding.spec[2] is not None  # pages really split over the batch axes
 
