@@ -154,3 +154,14 @@ def test_bad_inputs(model):
   assert spec.pages_per_block == 1 and not spec.kernel  # CPU: the reference path
   with pytest.raises(ValueError, match="paged_impl: the Pallas kernel needs head_dim"):
     Engine(model, paged_impl="kernel", **kw)
+
+
+def test_config_fields():
+  from configs import tiny_cpu  # pylint: disable=import-outside-toplevel
+  from dapo_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  c = tiny_cpu.get_config()
+  r = config_lib.parse(c).rollout
+  assert (r.paged_kv, r.page_size) == (True, 16)
+  c.rollout.page_size = 0
+  with pytest.raises(ValueError, match="config.rollout.page_size: must be > 0"):
+    config_lib.parse(c)
