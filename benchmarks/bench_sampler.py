@@ -2,10 +2,11 @@
 
     python benchmarks/bench_sampler.py --model=HF_DIR --json=out.json
     python benchmarks/bench_sampler.py --size=tiny            # a random model made on the fly
+    python benchmarks/bench_sampler.py --size=tiny --paged_kv=1   # the paged KV cache
 
 16 prompts x 16 samples, 64-token random prompts (ids >= 4), 128 new tokens, temperature 1,
 no EOS (every response is full length). One warm-up call (compilation), then `--reps` timed
-calls in this process; `tok_per_s` is their median. `flops_per_token` counts the projections,
+calls in this process; `tok_per_s` is their median, `cpu_s_per_call` each call's process CPU. `flops_per_token` counts the projections,
 the causal attention over the real context and the LM head of each generated token plus the
 prefills (dapo_jax.rollout.flops), so tok/s x flops_per_token / the matmul peak
 (bench_matmul.py) is the fraction of the compute roofline reached.
@@ -14,6 +15,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -34,12 +36,15 @@ def run(model_dir: str, args) -> dict:
   n, g, p, new = args.prompts, args.group, args.prompt_len, args.new
   rng = np.random.default_rng(0)
   prompts = rng.integers(4, cfg.vocab_size, size=(n, p)).tolist()
-  sampler = make_sampler(model, num_slots=n * g, max_prompt_len=p, max_len=p + new)
+  sampler = make_sampler(model, num_slots=n * g, max_prompt_len=p, max_len=p + new,
+                         paged_kv=bool(args.paged_kv))
   kw = dict(group_size=g, max_new_tokens=new, temperature=1.0)
   sampler.sample_groups(prompts, seed=1, **kw)  # warm-up: compilation
-  load0, rates = common.loadavg(), []
+  load0, rates, cpu = common.loadavg(), [], []
   for rep in range(args.reps):
+    c0 = time.process_time()
     r = sampler.sample_groups(prompts, seed=2 + rep, **kw)
+    cpu.append(time.process_time() - c0)
     if not (r.lengths == new).all():
       raise AssertionError("every response must be full length (no EOS)")
     rates.append(r.stats["tokens_per_s"])
@@ -48,6 +53,7 @@ def run(model_dir: str, args) -> dict:
   return dict(side="dapo_jax sample_groups", tok_per_s=s["median"], tok_per_s_range=s,
               flops_per_token=fl / (n * g * new), loadavg_before=load0,
               loadavg_after=common.loadavg(), decode_steps=r.stats["decode_steps"],
+              cpu_s_per_call=cpu, paged_kv=bool(args.paged_kv),
               setting=dict(prompts=n, group=g, prompt_len=p, new=new))
 
 
@@ -60,6 +66,7 @@ def main():
   ap.add_argument("--prompt_len", type=int, default=64)
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--reps", type=int, default=2, help="timed calls after the warm-up")
+  ap.add_argument("--paged_kv", type=int, default=0, help="1: the paged KV cache")
   ap.add_argument("--json", help="write the result here")
   args = ap.parse_args()
   with tempfile.TemporaryDirectory() as tmp:

@@ -50,8 +50,10 @@ def base_config() -> ml_collections.ConfigDict:
       temperature=1.0,
       top_p=1.0,
       top_k=0,
-      num_slots=128,            # most decode slots
-      kv_cache_gib=0.0,         # GiB of KV cache per chip sizing the slots; 0 = num_slots
+      num_slots=128,            # concurrent sequences (paged: all hosts; dense: per host)
+      kv_cache_gib=0.0,         # GiB of KV cache per chip; 0 = every slot at full length
+      paged_kv=True,            # page pool + page tables; False = dense per-slot cache
+      page_size=16,             # tokens per KV page
   )
   c.algo = dict(                # DAPO (paper §3, reference script)
       eps_low=0.2,

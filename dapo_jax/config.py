@@ -68,8 +68,13 @@ class RolloutCfg:
   temperature: float
   top_p: float
   top_k: int                  # 0 = off
-  num_slots: int              # most concurrent decode slots of the sampler
-  kv_cache_gib: float         # sampler KV-cache HBM per chip (GiB) sizing the slots; 0 = num_slots
+  # Concurrent sequences. Paged: the decode batch of all hosts together (num_slots / hosts each),
+  # admission bounded by free pages; dense: most slots per host, capped by kv_cache_gib.
+  num_slots: int
+  kv_cache_gib: float         # GiB of KV cache per chip: paged, the page pool (0 = every slot at
+                              # full length); dense, sizing the slots (0 = num_slots)
+  paged_kv: bool              # paged KV cache (page pool + page tables); False = dense per slot
+  page_size: int              # tokens per KV page
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,6 +125,34 @@ def test_compiles_for_tpu(tmp_path, topo, extra):
   assert "step peak per chip" in p.stdout
 
 
+KERNEL_MODEL = [a.replace("head_dim=64", "head_dim=128") for a in SMALL[:-1]]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("paged", [True, False])
+def test_kernels_field_names_paged_attention(tmp_path, paged):
+  """The JSON's `kernels` lists the Pallas kernels of each compiled function, and their union."""
+  p, out = _aot(tmp_path, "--config=configs/tiny_cpu.py", "--topology=v5p-8",
+                "--functions=sampler_insert,sampler_generate_chunk", *KERNEL_MODEL,
+                f"--config.rollout.paged_kv={paged}")
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  got = {f["name"]: f["kernels"] for f in out["functions"]}
+  want = ["paged_attention"] if paged else []
+  assert got == {"sampler_insert": [], "sampler_generate_chunk": want}
+  assert out["kernels"] == want and out["paged_kv"] is paged
+  assert ("Pallas kernels: sampler_generate_chunk: paged_attention" in p.stdout) is paged
+
+
+def test_pallas_kernels_parses_tpu_custom_calls():
+  hlo = ('  %paged_attention.1 = (f32[8]) custom-call(%a), custom_call_target="tpu_custom_call", '
+         'metadata={op_name="jit(f)/pallas_call"}\n'
+         '  %fusion = f32[8] fusion(%b), kind=kLoop\n'
+         '  %splash_mha_fwd.3 = f32[8] custom-call(%c), custom_call_target="tpu_custom_call"\n'
+         '  %my_kernel.2 = f32[8] custom-call(%c), custom_call_target="tpu_custom_call"\n')
+  assert report.pallas_kernels(hlo) == ["my_kernel", "paged_attention", "splash_attention"]
+  assert report.pallas_kernels("%x = f32[] custom-call(), custom_call_target=\"Sharding\"") == []
+
+
 @needs_libtpu
 @pytest.mark.parametrize("args,msg", [
     (["--topology=v9-8"], "unknown TPU slice"),

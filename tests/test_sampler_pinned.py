@@ -5,7 +5,8 @@ The constants below were generated with the implementation of commit 2d79f42 (be
 issue-14 decode changes: layer scan, full-cache attention, [L, B, S, Kv, Hd] cache), by running
 exactly `_sample` below and printing the outputs (log-probs rounded to 6 decimals).
 Tokens must match exactly; log-probs to 1e-4 (a different float32 reduction order is allowed).
-Both decode layer loops are pinned: per-layer (CPU's default) and scanned (accelerators').
+Both decode layer loops are pinned: per-layer (CPU's default) and scanned (accelerators'), with
+the dense cache and with the paged one (issue 11: pages of 4 tokens; same tokens and log-probs).
 """
 import jax
 import numpy as np
@@ -43,14 +44,15 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module", params=["unrolled", "scan"])
+@pytest.fixture(scope="module", params=["unrolled", "scan", "paged-unrolled", "paged-scan"])
 def sampler(request):
   """Peaked tiny model (weights x4, LM head x32), 4 slots for 9 samples: slots are refilled."""
+  paged, _, loop = request.param.rpartition("-")
   m = Qwen2(CFG, rngs=nnx.Rngs(0))
   nnx.update(m, jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, nnx.state(m, nnx.Param)))
   m.lm_head.set_value(m.lm_head.get_value() * 8.0)
   return GroupSampler(Engine(m, num_slots=4, max_prompt_len=12, max_len=24, steps_per_call=5,
-                             layer_loop=request.param))
+                             layer_loop=loop, paged_kv=bool(paged), page_size=4))
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

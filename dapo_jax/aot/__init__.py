@@ -32,7 +32,8 @@ def check(cfg, topology_name: str, *, steps_per_call: int = 16, only=()) -> dict
     print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s, peak "
           f"{rows[-1]['peak_bytes'] / 2**30:.2f} GiB per chip", flush=True)
   summary = report.summarize(rows, plan.buffers, sl.hbm_bytes)
-  return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary,
+  kernels = sorted({k for r in rows for k in r.get("kernels", ())})
+  return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary, "kernels": kernels,
           "partial": len(plan.jobs) < len(names),
           "functions": rows, "resident_buffers": plan.buffers, **plan.info,
           "table": report.table(rows, summary, plan.buffers)}

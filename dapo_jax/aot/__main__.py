@@ -33,7 +33,9 @@ def main(argv):
   print(f"[aot] {out['topology']}: {out['chips']} chips, {out['hosts']} hosts; model "
         f"{out['num_params'] / 1e9:.2f} B params ({out['model_source']}); trainer mesh "
         f"{out['trainer_mesh']}, sampler per host {out['sampler_mesh_per_host']} with "
-        f"{out['sampler_slots_per_host']} slots ({out['sampler_slots_global']} in all)")
+        f"{out['sampler_slots_per_host']} slots ({out['sampler_slots_global']} in all)"
+        + (f"; paged KV cache: {out['pool_pages_per_host']} pages of {out['page_size']} tokens "
+           "per host" if out["paged_kv"] else "; dense KV cache"))
   print(out["table"])
   if out["partial"]:
     print(f"[aot] partial check: only {', '.join(f['name'] for f in out['functions'])}")

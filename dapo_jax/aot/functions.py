@@ -93,19 +93,60 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
   return jobs, buffers, model
 
 
-def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int) -> tuple[list, dict, int]:
+def _sampler_cache(cfg: Config, mcfg, smesh, slots: int) -> dict:
+  """The decode state's cache layout: dense, or the paged pool (pages from the budget)."""
+  c, r, max_len = mcfg, cfg.rollout, cfg.seq_len
+  if not r.paged_kv:
+    return dict(shape=(c.num_layers, slots, max_len, c.num_kv_heads, c.head_dim), spec=None,
+                num_pages=0)
+  spec = device_fns.paged_spec(smesh, max_len=max_len, slots=slots, page_size=r.page_size,
+                               head_dim=c.head_dim)
+  n = device_fns.pool_pages(smesh, spec, slots=slots, num_pages=budget.sampler_pages(
+      kv_cache_gib=r.kv_cache_gib, mcfg=mcfg, max_len=max_len, page_size=r.page_size,
+      mesh_shape=smesh.shape))
+  return dict(shape=(c.num_kv_heads, c.num_layers, n, r.page_size, c.head_dim), spec=spec,
+              num_pages=n)
+
+
+def _insert_and_table(cfg: Config, pg, smesh, slots: int, np_batch: int, host):
+  """The insert function, its page-write arguments (the engine's max_page_writes) and the
+  page-table argument of generate_chunk: none of these extras for the dense cache."""
+  if pg is None:
+    return device_fns.insert, [], ()
+  shards = device_fns.batch_shards(smesh)
+  w = np_batch * (cfg.task.max_prompt_len // pg.page_size) * shards + slots
+  insert = functools.partial(device_fns.insert_paged, page_size=pg.page_size,
+                             max_len=cfg.seq_len)
+  return insert, [host((w,), jnp.int32)] * 3, (host((slots, pg.pages_per_seq), jnp.int32),)
+
+
+def _decode_state(cfg: Config, sm, smesh, slots: int, cache: dict, host):
+  """The abstract decode state (as init_decode_state builds it) and its shardings."""
+  c, pg = sm.cfg, cache["spec"]
+  state_sh = rstate.decode_state_shardings(smesh, cache_shape=cache["shape"],
+                                           vocab_size=c.vocab_size,
+                                           num_slots=slots if pg else None)
+  key = host((2,), jnp.uint32)
+  scal = [host((), jnp.float32), host((), jnp.float32), host((), jnp.int32)]
+  eos = host((sampling.MAX_EOS_IDS,), jnp.int32)
+  init = functools.partial(device_fns.init_state, sm.graphdef, slots, cfg.seq_len, c.vocab_size,
+                           num_pages=cache["num_pages"],
+                           page_size=cfg.rollout.page_size if pg else 0)
+  return shapes.sds(jax.eval_shape(init, sm.params, {}, key, *scal, eos), state_sh), state_sh
+
+
+def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
+                 hosts: int = 1) -> tuple[list, dict, int, dict]:
   """prefill / insert / generate chunk on one sampler replica's mesh, as engine.py jits them."""
-  max_len = cfg.seq_len
+  max_len, r = cfg.seq_len, cfg.rollout
   slots = budget.sampler_slots(
-      num_slots=cfg.rollout.num_slots, kv_cache_gib=cfg.rollout.kv_cache_gib,
-      group_size=cfg.rollout.group_size, mcfg=mcfg, max_len=max_len, mesh_shape=smesh.shape)
+      num_slots=r.num_slots, kv_cache_gib=r.kv_cache_gib, group_size=r.group_size, mcfg=mcfg,
+      max_len=max_len, mesh_shape=smesh.shape, paged=r.paged_kv, hosts=hosts)
   sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype)
-  g, c = sm.graphdef, mcfg
-  rest = {}
-  np_batch = math.ceil(slots / cfg.rollout.group_size)  # make_sampler's default prefill batch
-  state_sh = rstate.decode_state_shardings(
-      smesh, cache_shape=(c.num_layers, slots, max_len, c.num_kv_heads, c.head_dim),
-      vocab_size=c.vocab_size)
+  g, c, rest = sm.graphdef, mcfg, {}
+  cache = _sampler_cache(cfg, mcfg, smesh, slots)
+  pg = cache["spec"]
+  np_batch = math.ceil(slots / r.group_size)  # make_sampler's default prefill batch
   prefix_sh = rstate.prefix_shardings(
       smesh, cache_shape=(c.num_layers, 1, cfg.task.max_prompt_len, c.num_kv_heads, c.head_dim))
   rep = NamedSharding(smesh, P())
@@ -113,27 +154,25 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int) -> tuple[list, d
   def host(shape, dtype):  # host numpy arguments land replicated
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 
-  key = host((2,), jnp.uint32)
-  scal = [host((), jnp.float32), host((), jnp.float32), host((), jnp.int32)]
-  eos = host((sampling.MAX_EOS_IDS,), jnp.int32)
-  init = functools.partial(device_fns.init_state, g, slots, max_len, c.vocab_size)
-  st = shapes.sds(jax.eval_shape(init, sm.params, rest, key, *scal, eos), state_sh)
+  st, state_sh = _decode_state(cfg, sm, smesh, slots, cache, host)
   prefill = jax.jit(functools.partial(device_fns.prefill, g), out_shardings=prefix_sh)
   toks = (host((np_batch, cfg.task.max_prompt_len), jnp.int32), host((np_batch,), jnp.int32))
   prefix = shapes.sds(jax.eval_shape(prefill, sm.params, rest, *toks), prefix_sh)
-  insert = jax.jit(device_fns.insert, donate_argnums=(1,), out_shardings=state_sh)
+  insert_fn, write_args, chunk_args = _insert_and_table(cfg, pg, smesh, slots, np_batch, host)
+  ids = [host((slots,), jnp.int32)] * 5 + write_args
+  insert = jax.jit(insert_fn, donate_argnums=(1,), out_shardings=state_sh)
   chunk = jax.jit(functools.partial(device_fns.generate_chunk, g, max_steps=steps_per_call,
-                                    per_layer=device_fns.per_layer_decode(smesh)),
+                                    per_layer=device_fns.per_layer_decode(smesh), paged=pg),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
-  ids = [host((slots,), jnp.int32)] * 5
   jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks),
               ("train_state", "decode_state")),
           Job("sampler_insert", insert, (prefix, st, *ids), ("train_state", "sampler_params")),
-          Job("sampler_generate_chunk", chunk, (sm.params, rest, st, host((), jnp.bool_)),
-              ("train_state", "prefix"))]
+          Job("sampler_generate_chunk", chunk,
+              (sm.params, rest, st, host((), jnp.bool_), *chunk_args), ("train_state", "prefix"))]
   buffers = {"sampler_params": shapes.bytes_per_chip(sm.params),
              "decode_state": shapes.bytes_per_chip(st), "prefix": shapes.bytes_per_chip(prefix)}
-  return jobs, buffers, slots
+  info = dict(paged_kv=bool(pg), page_size=r.page_size, pool_pages_per_host=cache["num_pages"])
+  return jobs, buffers, slots, info
 
 
 def transfer_job(mcfg, model, gmesh) -> Job:
@@ -161,11 +200,11 @@ def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) ->
   gmesh = setup.build_sampler_mesh(cfg, devices)
   smesh = setup.build_sampler_mesh(cfg, host_devices(devices, hosts))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
-  sjobs, sbuf, slots = sampler_jobs(cfg, mcfg, smesh, steps_per_call)
+  sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, steps_per_call, hosts)
   jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh)]
   info = dict(model_source=source, num_params=mcfg.num_params, trainer_mesh=dict(mesh.shape),
               sampler_mesh_per_host=dict(smesh.shape), sampler_mesh_global=dict(gmesh.shape),
               sampler_slots_per_host=slots, sampler_slots_global=slots * hosts,
               logprob_rows=_rows(cfg), minibatch_rows=cfg.minibatch_prompts * cfg.rollout.group_size,
-              seq_len=cfg.seq_len, steps_per_call=steps_per_call)
+              seq_len=cfg.seq_len, steps_per_call=steps_per_call, **sinfo)
   return Plan(jobs=jobs, buffers={**tbuf, **sbuf}, info=info)

@@ -5,6 +5,11 @@ import time
 from dapo_jax.aot.topology import GiB
 
 _OOM = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available")
+# A Pallas TPU kernel is a Mosaic custom call; the instruction is named after the kernel.
+_TPU_KERNEL = re.compile(r'%([\w.-]+) = [^\n]*custom_call_target="tpu_custom_call"'
+                         r'(?:[^\n]*?op_name="([^"]*)")?')
+_FAMILIES = (("splash", "splash_attention"), ("ragged_paged", "ragged_paged_attention"),
+             ("paged", "paged_attention"), ("flash", "flash_attention"))
 _UNITS = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
 
 
@@ -13,6 +18,17 @@ def _cost(compiled) -> dict:
   ca = ca[0] if isinstance(ca, (list, tuple)) else (ca or {})
   return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0)),
           "cost_seconds": float(ca.get("optimal_seconds", 0.0))}
+
+
+def pallas_kernels(hlo_text: str) -> list:
+  """The Pallas kernels a compiled TPU function calls (its `tpu_custom_call`s), by family
+  (paged_attention, splash_attention, ...; another kernel by its own name)."""
+  found = set()
+  for m in _TPU_KERNEL.finditer(hlo_text):
+    name = re.sub(r"\.\d+$", "", m.group(1))
+    text = f"{name} {m.group(2) or ''}".lower()
+    found.add(next((fam for key, fam in _FAMILIES if key in text), name))
+  return sorted(found)
 
 
 def compile_job(job) -> dict:
@@ -28,7 +44,7 @@ def compile_job(job) -> dict:
       raise
     m = _OOM.search(msg)
     need = int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
-    row.update(status="out_of_memory", error=msg.splitlines()[0][:300], peak_bytes=need,
+    row.update(status="out_of_memory", error=msg.splitlines()[0][:300], peak_bytes=need, kernels=[],
                temp_bytes=need, argument_bytes=0, output_bytes=0, alias_bytes=0, code_bytes=0,
                flops=0.0, bytes_accessed=0.0, cost_seconds=0.0)
     row["compile_s"] = time.perf_counter() - t0
@@ -42,6 +58,7 @@ def compile_job(job) -> dict:
       + m.temp_size_in_bytes)
   row["peak_bytes"] = int(peak + m.generated_code_size_in_bytes)
   row.update(_cost(compiled))
+  row["kernels"] = pallas_kernels(compiled.as_text() or "")
   row["compile_s"] = time.perf_counter() - t0
   return row
 
@@ -85,6 +102,8 @@ def table(rows: list, summary: dict, buffers: dict) -> str:
                  f"{_g(r['step_peak_bytes'])}{r['flops'] / 1e9:10.1f}"
                  f"{r['bytes_accessed'] / 1e9:9.2f}{r['cost_seconds']:9.4f}"
                  f"{r['compile_s']:7.1f}s{flag}")
+  used = [f"{r['name']}: {', '.join(r['kernels'])}" for r in rows if r.get("kernels")]
+  lines.append("Pallas kernels: " + ("; ".join(used) or "none"))
   lines.append("resident buffers per chip (GiB): " + ", ".join(
       f"{k} {v / GiB:.2f}" for k, v in buffers.items() if v))
   verdict = "fits" if summary["fits"] else "does not fit"

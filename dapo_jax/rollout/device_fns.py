@@ -9,16 +9,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models import paged as paged_lib
 from dapo_jax.models import qwen2
 from dapo_jax.rollout import sampling, state as state_lib
 from dapo_jax.rollout.state import DecodeState, Prefix
 
 LAYER_LOOPS = ("auto", "unrolled", "scan")
+PAGED_IMPLS = ("auto", "kernel", "reference")
 
 
-def step(graphdef, params, rest, st: DecodeState, layer_params=None):
+def step(graphdef, params, rest, st: DecodeState, layer_params=None, table_BxP=None,
+         paged: paged_lib.PagedSpec | None = None):
   """Samples one token in every slot, then runs the decode step for it (inactive slots idle).
-  The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`."""
+  The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`. paged: the
+  cache is a page pool read through table_BxP (`models.paged.decode_step`)."""
   keys_B = jax.vmap(lambda kd, t: jax.random.fold_in(state_lib.wrap_key(kd), t))(
       st.keys_Bx2, st.gen_len_B)
   tok_B, logp_B = sampling.sample_tokens(
@@ -31,10 +35,14 @@ def step(graphdef, params, rest, st: DecodeState, layer_params=None):
   active_B = valid_B & ~hit_eos_B & (gen_len_B < st.max_new_B)
   # A slot that just finished still runs this decode step (rows are computed together); its
   # position is clamped so a free slot never writes outside the cache.
-  max_pos = jax.tree.leaves(st.cache["k"])[0].shape[-3] - 1
+  max_pos = (paged.max_len if paged else jax.tree.leaves(st.cache["k"])[0].shape[-3]) - 1
   model = nnx.merge(graphdef, params, rest)
-  logits_BxV, cache = model.decode_step(tok_B, jnp.minimum(st.positions_B, max_pos), st.cache,
-                                        layer_params=layer_params)
+  pos_B = jnp.minimum(st.positions_B, max_pos)
+  if paged:
+    logits_BxV, cache = paged_lib.decode_step(model, tok_B, pos_B, st.cache, table_BxP, paged,
+                                              layer_params=layer_params)
+  else:
+    logits_BxV, cache = model.decode_step(tok_B, pos_B, st.cache, layer_params=layer_params)
   new = st.replace(
       cache=cache, logits_BxV=logits_BxV.astype(jnp.float32),
       positions_B=st.positions_B + active_B.astype(jnp.int32), gen_len_B=gen_len_B,
@@ -42,18 +50,19 @@ def step(graphdef, params, rest, st: DecodeState, layer_params=None):
   return new, tok_B, logp_B, valid_B
 
 
-def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, max_steps: int,
-                    per_layer: bool):
+def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, table_BxP=None, *,
+                   max_steps: int, per_layer: bool, paged: paged_lib.PagedSpec | None = None):
   """Runs up to max_steps steps; stops early once every slot is free, or (when stop_on_finish)
   as soon as any sample finishes, so the host can refill that slot at once.
   per_layer (`per_layer_decode`): carry the cache per layer and per-layer weights sliced once
   before the loop (XLA:CPU would otherwise copy every stacked weight and a layer of cache at
-  each step); else the stacked cache is scanned over in place (one buffer: accelerators)."""
+  each step); else the stacked cache is scanned over in place (one buffer: accelerators).
+  paged / table_BxP: a page pool and each row's pages (see `step`)."""
   b = st.active_B.shape[0]
   layer_params = None
   if per_layer:
     layer_params = nnx.merge(graphdef, params, rest).layer_params()
-    ks, vs = qwen2.split_cache(st.cache)
+    ks, vs = (paged_lib.split_pages if paged else qwen2.split_cache)(st.cache)
     st = st.replace(cache={"k": tuple(ks), "v": tuple(vs)})
 
   def cond(carry):
@@ -62,7 +71,7 @@ def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, m
 
   def body(carry):
     i, s, tok_BxK, logp_BxK, _ = carry
-    s, tok_B, logp_B, valid_B = step(graphdef, params, rest, s, layer_params)
+    s, tok_B, logp_B, valid_B = step(graphdef, params, rest, s, layer_params, table_BxP, paged)
     tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
     logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
     return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
@@ -71,7 +80,8 @@ def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, *, m
           jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
   steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
   if per_layer:
-    st = st.replace(cache=qwen2.stack_cache(st.cache["k"], st.cache["v"]))
+    stack = paged_lib.stack_pages if paged else qwen2.stack_cache
+    st = st.replace(cache=stack(st.cache["k"], st.cache["v"]))
   return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
                   active_B=st.active_B)
 
@@ -86,6 +96,52 @@ def per_layer_decode(mesh, layer_loop: str = "auto") -> bool:
   return layer_loop == "unrolled"
 
 
+def batch_shards(mesh) -> int:
+  """Shards of the decode batch (mesh axes data x fsdp, those the mesh has)."""
+  return mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+
+
+def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
+               impl: str = "auto") -> paged_lib.PagedSpec:
+  """The page layout of a paged engine on `mesh`. impl: "kernel" (the Pallas kernel, 8 pages
+  or the most that divide a row's page count per block; off TPU only under
+  `pltpu.force_tpu_interpret_mode`), "reference", or "auto" = the kernel on TPU meshes when
+  head_dim is a multiple of 128 (the kernel's lane width), else the reference. Slots must
+  split over the batch shards (each owns its rows' pages)."""
+  if impl not in PAGED_IMPLS:
+    raise ValueError(f"paged_impl: must be one of {PAGED_IMPLS}, got {impl!r}")
+  if impl == "kernel" and head_dim % 128:
+    raise ValueError(f"paged_impl: the Pallas kernel needs head_dim a multiple of 128, got "
+                     f"{head_dim}")
+  if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+    raise ValueError(f"page_size: must be a positive int (tokens), got {page_size!r}")
+  shards = batch_shards(mesh)
+  if slots % shards:
+    raise ValueError(f"num_slots: {slots} slots do not split over the {shards} batch shards "
+                     "of the mesh (a paged cache keeps each shard's rows in its own pages)")
+  pps = -(-max_len // page_size)
+  block = max(n for n in (8, 4, 2, 1) if pps % n == 0)
+  return paged_lib.PagedSpec(page_size=page_size, max_len=max_len,
+                             kernel=impl == "kernel" or (
+                                 impl == "auto" and head_dim % 128 == 0
+                                 and mesh.devices.flat[0].platform == "tpu"),
+                             mesh=mesh,
+                             pages_per_block=block)
+
+
+def pool_pages(mesh, spec: paged_lib.PagedSpec, *, slots: int, num_pages: int | None) -> int:
+  """Pool size: num_pages, or by default every slot at max_len plus a null page per shard."""
+  shards = batch_shards(mesh)
+  if num_pages is None:
+    return slots * spec.pages_per_seq + shards
+  if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages % shards or (
+      num_pages // shards < spec.pages_per_seq + 1):
+    raise ValueError(f"num_pages: {num_pages!r} must be an int multiple of the {shards} batch "
+                     f"shards with at least {spec.pages_per_seq + 1} pages per shard (one "
+                     f"sequence of {spec.max_len} tokens plus the null page)")
+  return num_pages
+
+
 def prefill(graphdef, params, rest, tokens_NxP, lengths_N) -> Prefix:
   model = nnx.merge(graphdef, params, rest)
   logits_NxV, cache = model.prefill(tokens_NxP, lengths_N)
@@ -95,9 +151,31 @@ def prefill(graphdef, params, rest, tokens_NxP, lengths_N) -> Prefix:
 def insert(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_id_K, max_new_K):
   """Copies prefix rows src_K into slots slot_K (an index equal to the slot count is a no-op)."""
   p = prefix.cache["k"].shape[2]
-  s_len = st.cache["k"].shape[2]
   cache = {name: st.cache[name].at[:, slot_K, :p].set(prefix.cache[name][:, src_K], mode="drop")
            for name in ("k", "v")}
+  return _set_rows(prefix, st.replace(cache=cache), src_K, slot_K, prompt_id_K, sample_id_K,
+                   max_new_K, st.cache["k"].shape[2])
+
+
+def insert_paged(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_id_K,
+                 max_new_K, wsrc_W, wpage_W, wdst_W, *, page_size: int, max_len: int):
+  """`insert` for a page pool: prompt page wpage_W[i] of prefix row wsrc_W[i] is copied into
+  pool page wdst_W[i] (a page id equal to the pool size is a no-op); the rows' page tables are
+  the host's (`rollout.pages`). A group's full prompt pages are written once and shared; each
+  sample gets its own copy of the last partial page."""
+  p = prefix.cache["k"].shape[2]
+  pos_WxS = jnp.minimum(wpage_W[:, None] * page_size + jnp.arange(page_size)[None, :], p - 1)
+  cache = {}
+  for name in ("k", "v"):
+    x = prefix.cache[name][:, wsrc_W[:, None], pos_WxS]  # [L, W, page, Kv, Hd]
+    cache[name] = st.cache[name].at[:, :, wdst_W].set(
+        x.transpose(3, 0, 1, 2, 4).astype(st.cache[name].dtype), mode="drop")
+  return _set_rows(prefix, st.replace(cache=cache), src_K, slot_K, prompt_id_K, sample_id_K,
+                   max_new_K, max_len)
+
+
+def _set_rows(prefix, st, src_K, slot_K, prompt_id_K, sample_id_K, max_new_K, s_len):
+  """The per-slot fields of an insert: logits, position, budget, RNG key, active."""
   len_K = prefix.lengths_Np[src_K]
   root = state_lib.wrap_key(st.root_key_2)
   keys_Kx2 = jax.vmap(lambda a, b: jax.random.key_data(
@@ -107,13 +185,17 @@ def insert(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_i
     return x.at[slot_K].set(v, mode="drop")
 
   return st.replace(
-      cache=cache,
       logits_BxV=put(st.logits_BxV, prefix.logits_NpxV[src_K]),
       positions_B=put(st.positions_B, len_K),
       gen_len_B=put(st.gen_len_B, jnp.zeros_like(len_K)),
       max_new_B=put(st.max_new_B, jnp.minimum(max_new_K, s_len - len_K)),
       active_B=put(st.active_B, jnp.ones_like(len_K, jnp.bool_)),
       keys_Bx2=put(st.keys_Bx2, keys_Kx2))
+
+
+def evict(st: DecodeState, slot_K) -> DecodeState:
+  """Frees slots slot_K (padded with the slot count): a preempted sample stops drawing."""
+  return st.replace(active_B=st.active_B.at[slot_K].set(False, mode="drop"))
 
 
 def result_step(graphdef, params, rest, st: DecodeState):
@@ -123,8 +205,16 @@ def result_step(graphdef, params, rest, st: DecodeState):
 
 
 def init_state(graphdef, num_slots, max_len, vocab_size, params, rest, root_key_2,
-                temperature, top_p, top_k, eos_E) -> DecodeState:
-  cache = nnx.merge(graphdef, params, rest).init_cache(num_slots, max_len)
+               temperature, top_p, top_k, eos_E, *, num_pages: int = 0,
+               page_size: int = 0) -> DecodeState:
+  """All slots free; the cache dense [L, slots, max_len, Kv, Hd], or with num_pages a page
+  pool [Kv, L, num_pages, page_size, Hd]."""
+  model = nnx.merge(graphdef, params, rest)
+  if num_pages:
+    cache = paged_lib.init_pages(model.cfg, num_pages, page_size, model.dtype)
+  else:
+    cache = model.init_cache(num_slots, max_len)
   return state_lib.empty_decode_state(
-      cache=cache, vocab_size=vocab_size, root_key_2=root_key_2, temperature=temperature,
+      cache=cache, num_slots=num_slots, vocab_size=vocab_size, root_key_2=root_key_2,
+      temperature=temperature,
       top_p=top_p, top_k=top_k, eos_E=eos_E)

@@ -46,12 +46,19 @@ class Engine(engine_api.Engine):
   tokenizer_path: HF tokenizer dir for JetStream text requests; None serves token-id requests.
   layer_loop: the decode loop's layer loop, one of device_fns.LAYER_LOOPS
     (`device_fns.per_layer_decode`: "auto" = per layer on CPU, scanned on accelerators).
+  paged_kv: keep K/V in a page pool (`models/paged.py`; the group sampler allocates the pages,
+    JetStream's orchestrator needs the dense cache) of num_pages pages of page_size tokens
+    (None = every slot at max_len, plus one null page per batch shard). paged_impl: one of
+    device_fns.PAGED_IMPLS ("auto" = the Pallas kernel on TPU when head_dim is a multiple of
+    128, else the reference gather).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
                sampling_params: sampling.SamplingParams = sampling.SamplingParams(),
                steps_per_call: int = 16, tokenizer_path: str | None = None,
-               bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto"):
+               bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto",
+               paged_kv: bool = False, page_size: int = 16, num_pages: int | None = None,
+               paged_impl: str = "auto"):
     self._num_slots = _positive_int(num_slots, "num_slots")
     self._max_prompt_len = _positive_int(max_prompt_len, "max_prompt_len")
     self._max_len = _positive_int(max_len, "max_len")
@@ -72,6 +79,11 @@ class Engine(engine_api.Engine):
                                     devices=jax.devices()[:1])
     self._mesh = mesh
     self._per_layer = device_fns.per_layer_decode(mesh, layer_loop)
+    self._paged = device_fns.paged_spec(mesh, max_len=self._max_len, slots=self._num_slots,
+                                        page_size=page_size, head_dim=self.cfg.head_dim,
+                                        impl=paged_impl) if paged_kv else None
+    self._num_pages = self._paged and device_fns.pool_pages(
+        mesh, self._paged, slots=self._num_slots, num_pages=num_pages)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = _param_shardings(model, mesh)
@@ -85,25 +97,33 @@ class Engine(engine_api.Engine):
 
   def _compile(self, g):
     """The engine's jitted functions, with the cache and decode state laid out on its mesh."""
-    c, mesh = self.cfg, self._mesh
+    c, mesh, pg = self.cfg, self._mesh, self._paged
+    if pg:
+      cache_shape = (c.num_kv_heads, c.num_layers, self._num_pages, pg.page_size, c.head_dim)
+    else:
+      cache_shape = (c.num_layers, self._num_slots, self._max_len, c.num_kv_heads, c.head_dim)
     self._state_shardings = state_lib.decode_state_shardings(
-        mesh, cache_shape=(c.num_layers, self._num_slots, self._max_len, c.num_kv_heads,
-                           c.head_dim), vocab_size=c.vocab_size)
+        mesh, cache_shape=cache_shape, vocab_size=c.vocab_size,
+        num_slots=self._num_slots if pg else None)
     self._prefix_shardings = state_lib.prefix_shardings(
         mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim))
     self._jit_prefill = jax.jit(functools.partial(device_fns.prefill, g),
                                 out_shardings=self._prefix_shardings)
-    self._jit_insert = jax.jit(device_fns.insert, donate_argnums=(1,),
-                               out_shardings=self._state_shardings)
+    insert = device_fns.insert if not pg else functools.partial(
+        device_fns.insert_paged, page_size=pg.page_size, max_len=self._max_len)
+    self._jit_insert = jax.jit(insert, donate_argnums=(1,), out_shardings=self._state_shardings)
+    self._jit_evict = jax.jit(device_fns.evict, donate_argnums=(0,),
+                              out_shardings=self._state_shardings)
     self._jit_chunk = jax.jit(
         functools.partial(device_fns.generate_chunk, g, max_steps=self._steps_per_call,
-                          per_layer=self._per_layer),
+                          per_layer=self._per_layer, paged=pg),
         donate_argnums=(2,), out_shardings=(self._state_shardings, None))
     self._jit_result_step = jax.jit(functools.partial(device_fns.result_step, g),
                                     donate_argnums=(2,),
                                     out_shardings=(self._state_shardings, None))
-    self._jit_init = jax.jit(functools.partial(device_fns.init_state, g, self._num_slots,
-                                               self._max_len, c.vocab_size),
+    self._jit_init = jax.jit(functools.partial(
+        device_fns.init_state, g, self._num_slots, self._max_len, c.vocab_size,
+        num_pages=self._num_pages or 0, page_size=pg.page_size if pg else 0),
                              out_shardings=self._state_shardings)
 
   @property
@@ -161,6 +181,7 @@ class Engine(engine_api.Engine):
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Puts a JetStream request into `slot`; it generates until EOS or the cache is full (the
     orchestrator applies max_tokens). Its RNG stream is (engine seed, request number)."""
+    self._dense_only("insert")
     if not 0 <= slot < self._num_slots:
       raise ValueError(f"slot: {slot} not in [0, {self._num_slots})")
     st = self.insert_many(prefix, decode_state, src=[0], slots=[slot],
@@ -170,9 +191,11 @@ class Engine(engine_api.Engine):
     return st
 
   def insert_many(self, prefix: Prefix, decode_state: DecodeState, *, src, slots, prompt_ids,
-                  sample_ids, max_new) -> DecodeState:
+                  sample_ids, max_new, page_writes=None) -> DecodeState:
     """Copies prefix rows src[i] into slots[i], sample (prompt_ids[i], sample_ids[i]), with a
-    budget of max_new[i] tokens; padded to the slot count so one compiled insert serves all."""
+    budget of max_new[i] tokens; padded to the slot count so one compiled insert serves all.
+    page_writes (paged only): (prefix row, prompt page, pool page) triples to copy
+    (`rollout.pages.PagePool.admit`), padded to a fixed count likewise."""
     k = len(slots)
     if not 1 <= k <= self._num_slots or any(len(x) != k for x in (src, prompt_ids, sample_ids,
                                                                   max_new)):
@@ -183,18 +206,42 @@ class Engine(engine_api.Engine):
     def arr(x, fill):
       return np.concatenate([np.asarray(x, np.int32), np.full((pad,), fill, np.int32)])
 
-    return self._jit_insert(prefix, decode_state, arr(src, 0), arr(slots, self._num_slots),
-                            arr(prompt_ids, 0), arr(sample_ids, 0), arr(max_new, 0))
+    args = (arr(src, 0), arr(slots, self._num_slots), arr(prompt_ids, 0), arr(sample_ids, 0),
+            arr(max_new, 0))
+    if self._paged:
+      args += _pad_writes(page_writes, self.max_page_writes(prefix), self._num_pages)
+    return self._jit_insert(prefix, decode_state, *args)
+
+  def max_page_writes(self, prefix: Prefix) -> int:
+    """Page copies one insert can make: each prompt of the prefix batch's full pages once per
+    batch shard, and one partial page per slot."""
+    n, p = prefix.lengths_Np.shape[0], self._max_prompt_len
+    return n * (p // self._paged.page_size) * self.batch_shards + self._num_slots
+
+  def evict(self, decode_state: DecodeState, slots) -> DecodeState:
+    """Stops the samples in `slots` (a preempted sample is re-run from its start later)."""
+    return self._jit_evict(decode_state, _pad(slots, self._num_slots, self._num_slots))
 
   def generate(self, params, decode_state: DecodeState):
     """One token in every slot -> (state, ResultTokens [B, token | valid | length])."""
+    self._dense_only("generate")
     st, data_Bx3 = self._jit_result_step(params, self._rest, decode_state)
     return st, engine_api.ResultTokens(data=data_Bx3, tokens_idx=(0, 1), valid_idx=(1, 2),
                                        length_idx=(2, 3), samples_per_slot=1)
 
-  def generate_chunk(self, params, decode_state: DecodeState, *, stop_on_finish: bool):
-    """Up to steps_per_call steps in one call (`device_fns.generate_chunk`) -> (state, outs)."""
-    return self._jit_chunk(params, self._rest, decode_state, jnp.bool_(stop_on_finish))
+  def generate_chunk(self, params, decode_state: DecodeState, *, stop_on_finish: bool,
+                     page_table=None):
+    """Up to steps_per_call steps in one call (`device_fns.generate_chunk`) -> (state, outs).
+    page_table (paged only): int32 [slots, pages_per_seq], each row's pool pages."""
+    if (page_table is None) != (self._paged is None):
+      raise ValueError("page_table: needed exactly when the engine is paged (paged_kv=True)")
+    args = () if page_table is None else (np.asarray(page_table, np.int32),)
+    return self._jit_chunk(params, self._rest, decode_state, jnp.bool_(stop_on_finish), *args)
+
+  def _dense_only(self, what: str):
+    if self._paged:
+      raise ValueError(f"{what}: JetStream's slot API needs the dense cache; build the Engine "
+                       "with paged_kv=False to serve (the group sampler drives paged engines)")
 
   def init_decode_state(self, sampling_params: sampling.SamplingParams | None = None):
     """All slots free, with the given (validated) sampling parameters or the serving ones."""
@@ -232,6 +279,19 @@ class Engine(engine_api.Engine):
     return self._max_len
 
   @property
+  def paged(self):
+    """The `models.paged.PagedSpec`, or None for the dense cache."""
+    return self._paged
+
+  @property
+  def num_pages(self) -> int:
+    return self._num_pages or 0
+
+  @property
+  def batch_shards(self) -> int:
+    return device_fns.batch_shards(self._mesh)
+
+  @property
   def steps_per_call(self) -> int:
     return self._steps_per_call
 
@@ -243,6 +303,20 @@ class Engine(engine_api.Engine):
   def colocated_cpus(self) -> None:
     # Host-side work here is plain numpy on the controller; no colocated CPU devices are used.
     return None
+
+
+def _pad(x, n: int, fill: int) -> np.ndarray:
+  x = np.asarray(x, np.int32)
+  return np.concatenate([x, np.full((n - x.size,), fill, np.int32)])
+
+
+def _pad_writes(writes, n: int, num_pages: int) -> tuple:
+  """(prefix rows, prompt pages, pool pages) int32 [n]; padding writes to page num_pages
+  (out of range: dropped)."""
+  w = np.asarray(list(writes or ()), np.int32).reshape(-1, 3)
+  if w.shape[0] > n:
+    raise ValueError(f"page_writes: {w.shape[0]} page copies exceed the insert's {n}")
+  return _pad(w[:, 0], n, 0), _pad(w[:, 1], n, 0), _pad(w[:, 2], n, num_pages)
 
 
 def _name(path) -> str:

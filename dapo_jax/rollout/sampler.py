@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from dapo_jax.rollout import flops
+from dapo_jax.rollout import pages
 from dapo_jax.rollout import sampling
 from dapo_jax.rollout.engine import Engine
 
@@ -107,7 +108,9 @@ class GroupSampler:
     steps_per_call steps), slot_utilisation (generated tokens / (decode_steps x slots)),
     prefills (prompts prefilled: one each), prefill_calls, inserts (samples put into slots),
     prefill_tokens_saved and prefill_flops_saved (what prefilling every sample separately would
-    have added), generated_tokens, wall_time_s, tokens_per_s.
+    have added), generated_tokens, wall_time_s, tokens_per_s, preemptions (paged: samples
+    stopped for lack of pages and re-run from their start; counted in inserts too) and
+    pages_peak (paged: most pool pages held at once; 0 for the dense cache).
     """
     eng, t0 = self.engine, time.perf_counter()
     g, t_max, offset = self._check_counts(group_size, max_new_tokens, prompt_offset)
@@ -115,37 +118,96 @@ class GroupSampler:
                                  eos_ids=eos_ids).validated(eng.cfg.vocab_size)
     rows = self._check_prompts(prompts)
     n, b = len(rows), eng.max_concurrent_decodes
-    np_batch = self._prefill_batch or min(math.ceil(b / g), n)
-    book = _Book(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids)
-    params = eng.params
-    st = eng.init_decode_state(sp)
-    prefix, pb_start = None, -1
-    next_sample, total = 0, n * g  # samples are queued in (prompt, sample) order
-    steps = prefill_calls = chunks = 0
+    pool = None if eng.paged is None else pages.PagePool(
+        num_pages=eng.num_pages, shards=eng.batch_shards, slots=b,
+        page_size=eng.paged.page_size, max_len=eng.max_len)
+    run = _Run(rows=rows, g=g, t_max=t_max, offset=offset, params=eng.params,
+               np_batch=self._prefill_batch or min(math.ceil(b / g), n),
+               book=_Book(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids), pool=pool,
+               queue=_Queue(n * g), st=eng.init_decode_state(sp))
     while True:
-      while book.free and next_sample < total:  # refill every free slot before the next step
-        if prefix is None or not pb_start <= next_sample // g < pb_start + np_batch:
-          pb_start = next_sample // g
-          prefix = self._prefill(params, rows, pb_start, np_batch)
-          prefill_calls += 1
-        stop = min(total, (pb_start + np_batch) * g, next_sample + len(book.free))
-        ids = np.arange(next_sample, stop)
-        st = eng.insert_many(prefix, st, src=ids // g - pb_start, slots=book.assign(ids),
-                             prompt_ids=ids // g + offset, sample_ids=ids % g,
-                             max_new=np.full(ids.shape, t_max))
-        next_sample = stop
-      if not book.busy():
+      self._refill(run)
+      if not run.book.busy():
+        if run.queue.pending():  # cannot happen: an empty shard holds any one sample
+          raise RuntimeError("sample_groups: samples wait but none could be admitted")
         break
-      st, out = eng.generate_chunk(params, st, stop_on_finish=next_sample < total)
+      if pool is not None:
+        self._grow(run)
+      run.st, out = eng.generate_chunk(run.params, run.st, stop_on_finish=run.queue.pending(),
+                                       page_table=None if pool is None else pool.table)
       out = jax.device_get(out)
-      chunks += 1
-      steps += int(out["steps"])
-      book.collect(out)
+      run.chunks += 1
+      run.steps += int(out["steps"])
+      for slot in run.book.collect(out):
+        if pool is not None:
+          pool.release(slot)
 
-    stats = _stats(eng.cfg, book, [r.size for r in rows], g=g, slots=b, steps=steps,
-                   chunks=chunks, prefill_calls=prefill_calls, wall=time.perf_counter() - t0)
+    stats = _stats(eng.cfg, run, [r.size for r in rows], slots=b,
+                   wall=time.perf_counter() - t0)
+    book = run.book
     return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, lengths=book.lengths,
                         truncated=book.truncated, stats=stats)
+
+  def _refill(self, run: "_Run") -> None:
+    """Inserts queued samples (preempted ones first, then in (prompt, sample) order) into free
+    slots before the next step, prefilling their prompts' batch when it is not the current
+    one; a paged engine admits a sample only while its shard has pages for it."""
+    eng, book, g = self.engine, run.book, run.g
+    while book.free and run.queue.pending():
+      ids = run.queue.peek(len(book.free))
+      if run.prefix is None or not run.pb_start <= ids[0] // g < run.pb_start + run.np_batch:
+        run.pb_start = int(ids[0] // g)
+        run.prefix = self._prefill(run.params, run.rows, run.pb_start, run.np_batch)
+        run.prefill_calls += 1
+      inside = (ids // g >= run.pb_start) & (ids // g < run.pb_start + run.np_batch)
+      ids = ids[:int(np.argmin(inside)) if not inside.all() else ids.size]
+      writes = None
+      if run.pool is not None:
+        ids, writes = self._admit(run, ids)
+        if ids.size == 0:
+          return  # the pool is full: decode on until pages come back
+      st = eng.insert_many(run.prefix, run.st, src=ids // g - run.pb_start,
+                           slots=book.assign(ids), prompt_ids=ids // g + run.offset,
+                           sample_ids=ids % g, max_new=np.full(ids.shape, run.t_max),
+                           page_writes=writes)
+      run.st = st
+      run.queue.take(ids.size)
+
+  def _admit(self, run: "_Run", ids):
+    """The leading samples of `ids` the pool takes into the next free slots, and the page
+    copies their insert makes (prefix row, prompt page, pool page)."""
+    writes, taken = [], 0
+    for sid, slot in zip(ids, run.book.free):
+      prompt = int(sid // run.g)
+      got = run.pool.admit(slot, prompt, run.rows[prompt].size)
+      if got is None:
+        break
+      writes += [(prompt - run.pb_start, j, page) for j, page in got]
+      taken += 1
+    return ids[:taken], writes
+
+  def _grow(self, run: "_Run") -> None:
+    """Pages for every live row's next steps_per_call positions, oldest admitted first; when
+    a shard runs out, its youngest sample is preempted (pages returned, re-run later from its
+    start: its tokens are keyed by (prompt, sample, t), so it draws them again)."""
+    book, pool, k = run.book, run.pool, self.engine.steps_per_call
+    live = np.nonzero(book.owner >= 0)[0]
+    for slot in live[np.argsort(book.admitted[live])]:
+      sid = book.owner[slot]
+      if sid < 0:
+        continue
+      plen = run.rows[sid // run.g].size
+      budget = min(run.t_max, self.engine.max_len - plen)
+      while not pool.grow(slot, plen + min(book.received[slot] + k, budget) - 1):
+        same = np.nonzero((book.owner >= 0) & (pool.shard(slot) == np.arange(
+            book.owner.size) // pool.rows_per_shard))[0]
+        victim = int(same[np.argmax(book.admitted[same])])
+        run.st = self.engine.evict(run.st, [victim])
+        pool.release(victim)
+        run.queue.requeue(book.requeue(victim))
+        run.preemptions += 1
+        if victim == slot:
+          break
 
   def _prefill(self, params, rows, start: int, np_batch: int):
     """Prefix of prompts [start, start + np_batch) (missing rows padded with one token)."""
@@ -156,15 +218,61 @@ class GroupSampler:
     return self.engine.prefill_batch(params, toks, lens)
 
 
-def _stats(cfg, book, prompt_lens, *, g, slots, steps, chunks, prefill_calls, wall) -> dict:
+def _stats(cfg, run: "_Run", prompt_lens, *, slots, wall) -> dict:
   """sample_groups' stats (see its docstring)."""
-  gen = int(book.lengths.sum())
+  gen, g = int(run.book.lengths.sum()), run.g
   return dict(
-      decode_steps=steps, generate_calls=chunks, slot_utilisation=gen / max(steps * slots, 1),
-      prefills=len(prompt_lens), prefill_calls=prefill_calls, inserts=len(prompt_lens) * g,
+      decode_steps=run.steps, generate_calls=run.chunks,
+      slot_utilisation=gen / max(run.steps * slots, 1), prefills=len(prompt_lens),
+      prefill_calls=run.prefill_calls, inserts=len(prompt_lens) * g + run.preemptions,
       prefill_tokens_saved=sum(prompt_lens) * (g - 1),
       prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(cfg, x) for x in prompt_lens),
-      generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall)
+      generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall,
+      preemptions=run.preemptions, pages_peak=run.pool.in_use_peak if run.pool else 0)
+
+
+@dataclasses.dataclass
+class _Run:
+  """The state of one sample_groups call."""
+  rows: list
+  g: int
+  t_max: int
+  offset: int
+  params: object
+  np_batch: int
+  book: "_Book"
+  pool: object                # rollout.pages.PagePool, or None for the dense cache
+  queue: "_Queue"
+  st: object                  # the DecodeState
+  prefix: object = None
+  pb_start: int = -1
+  steps: int = 0
+  chunks: int = 0
+  prefill_calls: int = 0
+  preemptions: int = 0
+
+
+class _Queue:
+  """Samples waiting for a slot: preempted ones (lowest first), then [next, total)."""
+
+  def __init__(self, total: int):
+    self.next, self.total, self.back = 0, total, []
+
+  def pending(self) -> bool:
+    return bool(self.back) or self.next < self.total
+
+  def peek(self, k: int) -> np.ndarray:
+    head = sorted(self.back)[:k]
+    return np.asarray(head + list(range(self.next, min(self.total, self.next + k - len(head)))),
+                      np.int64)
+
+  def take(self, k: int) -> None:
+    self.back = sorted(self.back)
+    k_back = min(k, len(self.back))
+    self.back, self.next = self.back[k_back:], self.next + k - k_back
+
+  def requeue(self, sample: int) -> None:
+    self.back.append(int(sample))
 
 
 class _Book:
@@ -177,6 +285,8 @@ class _Book:
     self.lengths = np.zeros((n, g), np.int32)
     self.truncated = np.zeros((n, g), bool)
     self.owner = np.full((slots,), -1, np.int64)  # flat sample id (prompt * G + sample) or -1
+    self.admitted = np.zeros((slots,), np.int64)  # admission order of the slot's sample
+    self.count = 0
     self.received = np.zeros((slots,), np.int64)  # tokens already copied out of the slot
     self.free = list(range(slots))  # lowest slot first
 
@@ -186,10 +296,20 @@ class _Book:
   def assign(self, ids: np.ndarray) -> list[int]:
     slots, self.free = self.free[:ids.size], self.free[ids.size:]
     self.owner[slots], self.received[slots] = ids, 0
+    self.admitted[slots] = self.count + np.arange(ids.size)
+    self.count += ids.size
     return slots
 
-  def collect(self, out: dict) -> None:
-    """Copies a chunk's new tokens out of the live slots (vectorised); frees finished slots."""
+  def requeue(self, slot: int) -> int:
+    """Frees a preempted sample's slot (its tokens are drawn again); returns the sample."""
+    sample = int(self.owner[slot])
+    self.owner[slot], self.received[slot] = -1, 0
+    self.free = sorted(self.free + [slot])
+    return sample
+
+  def collect(self, out: dict) -> list:
+    """Copies a chunk's new tokens out of the live slots (vectorised); frees finished slots
+    and returns them."""
     live = np.nonzero(self.owner >= 0)[0]
     now = out["gen_len_B"][live].astype(np.int64)
     got = self.received[live]
@@ -205,16 +325,21 @@ class _Book:
     self.truncated[dp, dg] = ~np.isin(self.tokens[dp, dg, dn - 1], self.eos)
     self.owner[live[done]] = -1
     self.free = sorted(self.free + live[done].tolist())
+    return live[done].tolist()
 
 
 def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
-                 steps_per_call: int = 16, prefill_batch: int | None = None) -> GroupSampler:
+                 steps_per_call: int = 16, prefill_batch: int | None = None,
+                 paged_kv: bool = False, page_size: int = 16,
+                 num_pages: int | None = None) -> GroupSampler:
   """Fixed entry point: a GroupSampler over a new Engine for `model` (see Engine for args).
 
   steps_per_call: most decode steps per device call (a call also returns as soon as a sample
   ends while others wait, so this only bounds host round-trips). prefill_batch: prompts per
-  prefill call (default ceil(num_slots / group_size)).
+  prefill call (default ceil(num_slots / group_size)). paged_kv / page_size / num_pages: a
+  paged KV cache (see Engine).
   """
   engine = Engine(model, num_slots=num_slots, max_prompt_len=max_prompt_len, max_len=max_len,
-                  mesh=mesh, steps_per_call=steps_per_call)
+                  mesh=mesh, steps_per_call=steps_per_call, paged_kv=paged_kv,
+                  page_size=page_size, num_pages=num_pages)
   return GroupSampler(engine, prefill_batch=prefill_batch)

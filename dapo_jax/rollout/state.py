@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dapo_jax import sharding as sharding_lib
+from dapo_jax.models import paged as paged_lib
 from dapo_jax.models.qwen2 import CACHE_AXES
 
 
@@ -31,7 +32,8 @@ class Prefix:
 class DecodeState:
   """Everything a generate step transforms; B = number of slots.
 
-  cache: {"k", "v"} [L, B, S, Kv, Hd], S = max_len (prompt + response).
+  cache: {"k", "v"} [L, B, S, Kv, Hd], S = max_len (prompt + response); or a page pool
+    [Kv, L, N, page, Hd] (`models.paged`, the rows' page tables kept by the host).
   logits_BxV: the slot's next-token logits (the sample at step t is drawn from these).
   positions_B: where the next sampled token's K/V goes (= prompt length + tokens generated).
   gen_len_B / max_new_B: tokens generated so far / allowed (min(max_new_tokens, S - prompt)).
@@ -67,10 +69,10 @@ def wrap_key(key_data):
   return jax.random.wrap_key_data(key_data, impl=PRNG_IMPL)
 
 
-def empty_decode_state(*, cache, vocab_size: int, root_key_2, temperature, top_p, top_k,
-                       eos_E) -> DecodeState:
+def empty_decode_state(*, cache, num_slots: int, vocab_size: int, root_key_2, temperature,
+                       top_p, top_k, eos_E) -> DecodeState:
   """A decode state with every slot free (cache contents are never read before written)."""
-  b = cache["k"].shape[1]
+  b = num_slots
   return DecodeState(
       cache=cache,
       logits_BxV=jnp.zeros((b, vocab_size), jnp.float32),
@@ -82,10 +84,14 @@ def empty_decode_state(*, cache, vocab_size: int, root_key_2, temperature, top_p
       root_key_2=root_key_2, temperature=temperature, top_p=top_p, top_k=top_k, eos_E=eos_E)
 
 
-def decode_state_shardings(mesh, *, cache_shape, vocab_size: int) -> DecodeState:
-  """NamedShardings for every field of a DecodeState (same pytree), from the rules table."""
-  b = cache_shape[1]
-  cache_s = sharding_lib.cache_sharding(mesh, cache_shape)
+def decode_state_shardings(mesh, *, cache_shape, vocab_size: int,
+                           num_slots: int | None = None) -> DecodeState:
+  """NamedShardings for every field of a DecodeState (same pytree), from the rules table.
+  num_slots: set for a page pool (cache_shape [Kv, L, N, page, Hd]); None = dense cache."""
+  if num_slots is None:
+    b, cache_s = cache_shape[1], sharding_lib.cache_sharding(mesh, cache_shape)
+  else:
+    b, cache_s = num_slots, paged_lib.pages_sharding(mesh, cache_shape)
 
   def rows(*shape):
     names = ("batch",) + (None,) * (len(shape) - 1)

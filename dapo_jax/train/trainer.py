@@ -29,7 +29,6 @@ from dapo_jax.core import advantages, overlong
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
-from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.train import checkpoint as ckpt_lib, checkpoint_dirs
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
 from dapo_jax.train import logprob_pass, prefilter as prefilter_lib
@@ -70,15 +69,10 @@ class Run:
 def _build_sampler(cfg: Config, model, mcfg):
   """The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
   own mesh (all chips, replicas x tensor); with several processes each host drives its slice.
-  Its concurrent sequences come from the KV-cache budget (rollout.kv_cache_gib)."""
+  Its slots and pages come from the KV-cache budget (rollout.kv_cache_gib, num_slots)."""
   sampler_mesh = setup.build_sampler_mesh(
       cfg, jax.local_devices() if multihost.is_multi() else None)
-  num_slots = budget.sampler_slots(
-      num_slots=cfg.rollout.num_slots, kv_cache_gib=cfg.rollout.kv_cache_gib,
-      group_size=cfg.rollout.group_size, mcfg=mcfg, max_len=cfg.seq_len,
-      mesh_shape=sampler_mesh.shape)
-  return make_sampler(model, num_slots=num_slots, max_prompt_len=cfg.task.max_prompt_len,
-                      max_len=cfg.seq_len, mesh=sampler_mesh)
+  return budget.build_sampler(cfg, model, mcfg, sampler_mesh)
 
 
 def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
