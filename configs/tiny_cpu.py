@@ -29,6 +29,8 @@ def get_config(arg=None):
   c.train.num_steps = 80               # rollout steps
   c.train.batch_size = 16              # prompts
   c.train.num_minibatches = 4          # updates per step (4 prompts x 16 per update)
+  c.train.micro_batch_size = 16        # sequences per accumulation slice: 1.5x faster updates
+                                       # on 2 CPU cores than one slice of 64 (docs/performance.md)
   c.optim.lr = 5e-5                    # tuned on this task (1e-4: +17 points, 3e-4: worse)
   c.optim.warmup_steps = 2             # rollout steps
   c.eval.num_problems = 128
