@@ -39,7 +39,7 @@ def test_every_model_field_is_routed():
 CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "logits_chunk": 64,
            "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 2,
            "num_heads": 8, "num_kv_heads": 4, "head_dim": 16, "rope_theta": 5e5,
-           "tie_word_embeddings": False}
+           "tie_word_embeddings": False, "attention_impl": "plain", "attention_chunk": 64}
 
 
 @pytest.mark.parametrize("field", setup.ARCH_FIELDS + setup.RUN_FIELDS)
