@@ -4,7 +4,8 @@
     collect   prompts -> sample_groups (G each) -> verifier reward + Eq. 13 overlong penalty
               -> dynamic sampling (keep 0 < #correct < G, over-generate in rounds)
     prepare   group advantages of the shaped reward -> [prompt][response] rows (overlong
-              filter in the loss mask) -> old (and reference) log-probs
+              filter in the loss mask) -> each mini-batch packed (train.packing) -> old (and
+              reference) log-probs on the packed rows
     update    num_minibatches jitted optimizer updates (token-level (sum, count) loss)
     sync      trainer params -> the sampler's copy
   then: health checks -> log -> eval every k steps -> checkpoint
