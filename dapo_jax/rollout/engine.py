@@ -31,6 +31,20 @@ def _positive_int(value, name: str) -> int:
   return int(value)
 
 
+def _check_sizes(cfg, num_slots, max_prompt_len, max_len, steps_per_call) -> tuple:
+  """The Engine's size arguments, checked: (num_slots, max_prompt_len, max_len, steps)."""
+  sizes = tuple(_positive_int(v, name) for v, name in (
+      (num_slots, "num_slots"), (max_prompt_len, "max_prompt_len"), (max_len, "max_len"),
+      (steps_per_call, "steps_per_call")))
+  if sizes[1] >= sizes[2]:
+    raise ValueError(f"max_len: must exceed max_prompt_len ({max_prompt_len}) to leave room "
+                     f"for a response, got {max_len}")
+  if sizes[2] > cfg.max_position_embeddings:
+    raise ValueError(f"max_len: {max_len} exceeds the model's max_position_embeddings "
+                     f"({cfg.max_position_embeddings})")
+  return sizes
+
+
 class Engine(engine_api.Engine):
   """Decode slots over a Qwen2 policy (see the module docstring).
 
@@ -59,17 +73,9 @@ class Engine(engine_api.Engine):
                bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto",
                paged_kv: bool = False, page_size: int = 16, num_pages: int | None = None,
                paged_impl: str = "auto"):
-    self._num_slots = _positive_int(num_slots, "num_slots")
-    self._max_prompt_len = _positive_int(max_prompt_len, "max_prompt_len")
-    self._max_len = _positive_int(max_len, "max_len")
-    self._steps_per_call = _positive_int(steps_per_call, "steps_per_call")
-    if self._max_prompt_len >= self._max_len:
-      raise ValueError(f"max_len: must exceed max_prompt_len ({max_prompt_len}) to leave room "
-                       f"for a response, got {max_len}")
     self.cfg = model.cfg
-    if self._max_len > self.cfg.max_position_embeddings:
-      raise ValueError(f"max_len: {max_len} exceeds the model's max_position_embeddings "
-                       f"({self.cfg.max_position_embeddings})")
+    self._num_slots, self._max_prompt_len, self._max_len, self._steps_per_call = _check_sizes(
+        self.cfg, num_slots, max_prompt_len, max_len, steps_per_call)
     self.serving_sampling = sampling_params.validated(self.cfg.vocab_size)
     self._tokenizer_path, self._bos_id, self._pad_id = tokenizer_path, bos_id, pad_id
     self._requests_inserted = 0  # JetStream path: the sample id of each request's RNG stream

@@ -97,11 +97,11 @@ def unpack(values_BxS, plan: dict, attn_mask_BxS, *, micro_batches: int) -> np.n
 def identity_plan(tokens_BxS, attn_mask_BxS, *, micro_batches: int) -> dict:
   """`pack(..., enabled=False)` on device, for a mini-batch given without a plan (jnp)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from dapo_jax.models.qwen2 import default_positions  # pylint: disable=g-import-not-at-top
   b, s = tokens_BxS.shape
   seq_B = jnp.arange(b)
   real = attn_mask_BxS > 0
   src = (seq_B // micro_batches)[:, None] * s + jnp.arange(s)[None, :]
-  positions = jnp.maximum(jnp.cumsum(real.astype(jnp.int32), axis=1) - 1, 0)
   return {"pack_tokens": tokens_BxS.astype(jnp.int32), "pack_segments": real.astype(jnp.int32),
-          "pack_positions": positions, "pack_src": jnp.where(real, src, 0).astype(jnp.int32),
+          "pack_positions": default_positions(real), "pack_src": jnp.where(real, src, 0).astype(jnp.int32),
           "pack_micro": (seq_B % micro_batches).astype(jnp.int32)}
