@@ -171,10 +171,12 @@ async def decode(text):
   return out
 
 async def main():
-  return await asyncio.wait_for(asyncio.gather(*[decode(t) for t in texts]), timeout=300)
+  try:
+    return await asyncio.wait_for(asyncio.gather(*[decode(t) for t in texts]), timeout=300)
+  finally:
+    driver.stop()  # while the loop is open: serving.make_driver says why
 
 served = asyncio.run(main())
-driver.stop()
 
 def greedy(ids):  # the full forward, re-run per token: the reference the server must equal
   out = []

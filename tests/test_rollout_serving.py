@@ -63,10 +63,12 @@ async def main():
   reqs += [jetstream_pb2.DecodeRequest(max_tokens=MAX_TOKENS,
                text_content=jetstream_pb2.DecodeRequest.TextContent(text=t))
            for t in text_prompts]
-  return await asyncio.wait_for(asyncio.gather(*[decode(r) for r in reqs]), timeout=180)
+  try:
+    return await asyncio.wait_for(asyncio.gather(*[decode(r) for r in reqs]), timeout=180)
+  finally:
+    driver.stop()  # while the loop is open: serving.make_driver says why
 
 results = asyncio.run(main())
-driver.stop()
 
 graphdef, state = nnx.split(model)
 fwd = jax.jit(lambda st, x, m: nnx.merge(graphdef, st)(x, m))

@@ -25,7 +25,12 @@ def check_servable(engine: Engine) -> None:
 
 
 def make_driver(engine: Engine, *, params=None):
-  """A started JetStream Driver over `engine` (call .stop() when done)."""
+  """A started JetStream Driver over `engine`.
+
+  Call .stop() inside the event loop that issued the requests, before it closes (e.g. in a
+  `finally` of the coroutine `asyncio.run` drives): a stream's close reaches that loop in two
+  posts from the detokenize thread, the client can finish between them, and a post to a closed
+  loop raises in the thread, which JetStream answers by SIGKILLing the process."""
   check_servable(engine)
   orchestrator = jetstream_compat.import_orchestrator()
   params = engine.load_params(params)
