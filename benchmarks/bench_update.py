@@ -24,10 +24,11 @@ import bench_common as common  # pylint: disable=g-import-not-at-top,wrong-impor
 
 def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
                  prompt_len: int | None = None, reward: str | None = None,
-                 model_overrides=()):
+                 micro_batch: int | None = None, model_overrides=()):
   """The trainer's Config for these benchmarks: configs/tiny_cpu.py with the model at
   `model_dir`, one mini-batch of `rows` sequences of `seq` tokens (prompt_len of them the
-  prompt; default a quarter), the issue's loss settings."""
+  prompt; default a quarter) in gradient-accumulation slices of `micro_batch` sequences (None:
+  one slice; the same update either way), the issue's loss settings."""
   from configs import tiny_cpu  # pylint: disable=g-import-not-at-top
   from dapo_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   c = tiny_cpu.get_config()
@@ -41,7 +42,7 @@ def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
   c.rollout.num_slots = max(rows, group)
   c.train.batch_size = rows // group
   c.train.num_minibatches = 1
-  c.train.micro_batch_size = None
+  c.train.micro_batch_size = micro_batch
   c.algo.dynamic_sampling = False
   c.algo.eps_low, c.algo.eps_high, c.algo.loss_agg = 0.2, 0.28, "token-mean"
   c.algo.overlong_filter = c.algo.overlong_penalty = False
@@ -55,14 +56,14 @@ def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
 
 
 def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: int = 16,
-              model_overrides=()):
+              micro_batch: int | None = None, model_overrides=()):
   """trainer.build on the benchmark config; `scan_layers` (None: the model's default) swaps
   the layer loop of the trainer's graph for an A/B run."""
   import tempfile  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
   cfg = bench_config(model_dir, rows=rows, seq=seq, group=min(group, rows),
-                     model_overrides=model_overrides)
+                     micro_batch=micro_batch, model_overrides=model_overrides)
   run = trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
   if scan_layers is not None:
     model = nnx.merge(run.graphdef, run.state.params)
@@ -83,7 +84,7 @@ def run(args) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from dapo_jax.train import logprob_pass, trainer  # pylint: disable=g-import-not-at-top
   r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers,
-                model_overrides=args.model_override)
+                micro_batch=args.micro_batch, model_overrides=args.model_override)
   arrays = random_rows(r.model_config.vocab_size, args.batch, args.seq)
   segments = arrays["attn_mask"].astype(np.int32)  # one sequence per row
   positions = np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))
@@ -109,7 +110,8 @@ def run(args) -> dict:
               logprob_tok_per_s=tokens / lp["median"], logprob_s=lp,
               scan_layers=r.model_config.scan_layers if args.scan_layers is None
               else args.scan_layers, loadavg_before=load0, loadavg_after=common.loadavg(),
-              skipped=float(m["skipped"]), setting=dict(batch=args.batch, seq=args.seq),
+              skipped=float(m["skipped"]),
+              setting=dict(batch=args.batch, seq=args.seq, micro_batch=args.micro_batch),
               model_overrides=list(args.model_override))
 
 
@@ -119,6 +121,8 @@ def main():
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--seq", type=int, default=512)
   ap.add_argument("--reps", type=int, default=3, help="timed updates after the warm-up")
+  ap.add_argument("--micro_batch", type=int, default=None,
+                  help="sequences per gradient-accumulation slice (default: one slice)")
   ap.add_argument("--scan_layers", type=int, choices=(0, 1), default=None,
                   help="A/B: 1 = layers under lax.scan, 0 = unrolled (default: the model's)")
   ap.add_argument("--model_override", action="append", default=[], metavar="FIELD=VALUE",

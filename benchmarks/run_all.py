@@ -6,7 +6,8 @@ sides interleaved (A, B, A, B, ...), `--procs` processes per side, medians and r
 
 Makes the random models (benchmarks/bench_common.py) under --workdir, then runs: the matmul
 peak (bench_matmul.py), the sampler (bench_sampler.py vs peers/hf_generate.py), the update
-(bench_update.py vs peers/torch_update.py) and one RL step (bench_rl_step.py). Peers run only
+(bench_update.py vs peers/torch_update.py) and one RL step (bench_rl_step.py vs
+peers/trl_step.py, TRL's GRPOTrainer at the issue's setting). Peers run only
 with --peer_python (a venv holding requirements-bench.txt). Prints a table of medians, the
 load average before and after, and writes everything as JSON.
 """
@@ -35,6 +36,7 @@ def sides(model_dir: str, peer: str | None) -> dict:
   if peer:
     out["hf_generate"] = (peer, "peers/hf_generate.py", [m])
     out["torch_update"] = (peer, "peers/torch_update.py", [m, "--batch=16", "--seq=512"])
+    out["trl_step"] = (peer, "peers/trl_step.py", out["rl_step"][2])
   return out
 
 
@@ -54,7 +56,7 @@ def measure(model_dir: str, args) -> dict:
       runs[name].append(run_one(py, script, a, os.path.join(args.workdir, f"{name}_{i}.json")))
       print(f"  {name} #{i}: " + json.dumps({k: v for k, v in runs[name][-1].items()
                                             if not isinstance(v, dict)}), flush=True)
-  key = {"matmul": "gflops", "rl_step": "step_s"}
+  key = {"matmul": "gflops", "rl_step": "step_s", "trl_step": "step_s"}
   return {k: dict(runs=v, median=common.summary([r[key.get(k, "tok_per_s")] for r in v]))
           for k, v in runs.items()}
 
