@@ -46,6 +46,32 @@ def timed_generate(model, log: list):
   model.generate = generate
 
 
+def load(args):
+  """(tokenizer, fp32 model) of --model; the WordLevel tokenizer itself (AutoTokenizer would
+  pick Qwen2's BPE class for this config)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  tok = transformers.PreTrainedTokenizerFast.from_pretrained(args.model)
+  if len(tok(" ".join(["t5"] * args.prompt_len))["input_ids"]) != args.prompt_len:
+    raise AssertionError(f"--model: {args.model}'s tokenizer does not read t<i> as id i")
+  return tok, transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+
+
+def grpo_config(args, rows: int):
+  """TRL's GRPOConfig at the issue-14 setting (one update on all `rows` sequences)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import trl  # pylint: disable=g-import-not-at-top
+  return trl.GRPOConfig(
+      output_dir=tempfile.mkdtemp(prefix="trl_step_"), loss_type="dapo", epsilon=0.2,
+      epsilon_high=0.28, beta=0.0, num_generations=args.group,
+      max_completion_length=args.new, generation_kwargs={"min_new_tokens": args.new},
+      per_device_train_batch_size=args.micro_batch,
+      gradient_accumulation_steps=rows // args.micro_batch,
+      bf16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
+      learning_rate=1e-6, max_steps=args.steps, logging_steps=1, save_strategy="no",
+      report_to="none", shuffle_dataset=False, temperature=1.0, top_p=1.0, top_k=0)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--model", required=True)
@@ -60,26 +86,13 @@ def main():
     raise ValueError("--steps: need >= 2 (step 1 is the warm-up and is excluded)")
   if rows % args.micro_batch:
     raise ValueError(f"--micro_batch: {args.micro_batch} does not divide {rows} sequences")
-  import tempfile  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
-  # The WordLevel tokenizer itself (AutoTokenizer would pick Qwen2's BPE class for this config).
-  tok = transformers.PreTrainedTokenizerFast.from_pretrained(args.model)
-  if len(tok(" ".join(["t5"] * args.prompt_len))["input_ids"]) != args.prompt_len:
-    raise AssertionError(f"--model: {args.model}'s tokenizer does not read t<i> as id i")
-  model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+  tok, model = load(args)
   gen_s, steps = [], []
   timed_generate(model, gen_s)
-  cfg = trl.GRPOConfig(
-      output_dir=tempfile.mkdtemp(prefix="trl_step_"), loss_type="dapo", epsilon=0.2,
-      epsilon_high=0.28, beta=0.0, num_generations=args.group,
-      max_completion_length=args.new, generation_kwargs={"min_new_tokens": args.new},
-      per_device_train_batch_size=args.micro_batch,
-      gradient_accumulation_steps=rows // args.micro_batch,
-      bf16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
-      learning_rate=1e-6, max_steps=args.steps, logging_steps=1, save_strategy="no",
-      report_to="none", shuffle_dataset=False, temperature=1.0, top_p=1.0, top_k=0)
+  cfg = grpo_config(args, rows)
 
   class StepTimer(transformers.TrainerCallback):
     def on_step_begin(self, *unused, **kw):
