@@ -17,6 +17,9 @@ COMMAND (the whole ladder x 3 seeds on this machine, then the eps_high and L_cac
       --workdir=runs/ladder --sweep=ladder
   python experiments/launch.py --config=configs/ladder.py --backend=local \
       --workdir=runs/sweeps --sweep=eps_high,l_cache
+COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode):
+  python experiments/launch.py --config=configs/ladder.py --backend=local \
+      --workdir=runs/variants --sweep=loss_mode
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine (tiny base); the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -63,12 +66,24 @@ def get_config(arg=None):
   return apply_rung(_base(opts["base"], opts["seed"]), opts["rung"])
 
 
+def variant_overrides() -> dict:
+  """loss mode -> the overrides that run it: algo.loss_mode and the mode's default clip range."""
+  from dapo_jax.core import loss_modes  # pylint: disable=g-import-not-at-top
+  out = {}
+  for mode, spec in loss_modes.MODES.items():
+    clip = {f"algo.{k}": spec.defaults[k] for k in ("eps_low", "eps_high") if k in spec.defaults}
+    out[mode] = {"algo.loss_mode": mode, **clip}
+  return out
+
+
 def get_sweep(arg=None):
   """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
 
   ladder: 6 rungs x SEEDS. eps_high: the DAPO rung with each EPS_HIGH x SEEDS. l_cache: the DAPO
-  rung with overlong_cache_len = fraction x max_new_tokens x SEEDS. Several names may be joined
-  with ','.
+  rung with overlong_cache_len = fraction x max_new_tokens x SEEDS. loss_mode: the DAPO rung with
+  each loss mode of core.loss_modes.MODES x SEEDS, its clip range the mode's own default where it
+  has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
+  it). Several names may be joined with ','.
   """
   names = (arg or "ladder").split(",")
   runs = []
@@ -84,6 +99,10 @@ def get_sweep(arg=None):
       runs += [{"name": f"lcache{f:.3f}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
                for f in L_CACHE_FRACTIONS for s in SEEDS]
+    elif name == "loss_mode":
+      runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
+               for m, o in variant_overrides().items() for s in SEEDS]
     else:
-      raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache")
+      raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
+                       "loss_mode")
   return runs

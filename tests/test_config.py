@@ -123,6 +123,26 @@ def test_sweeps_are_data():
     ladder.get_sweep("nope")
 
 
+def test_loss_mode_sweep_runs_each_mode_at_its_own_clip_range():
+  from dapo_jax.core import loss_modes
+  ladder = importlib.import_module("configs.ladder")
+  runs = ladder.get_sweep("loss_mode")
+  assert len(runs) == len(loss_modes.MODES) * len(ladder.SEEDS)
+  for r in runs[::len(ladder.SEEDS)]:
+    c = ladder.get_config(r["arg"])
+    for key, value in r["overrides"].items():
+      section, field = key.split(".")
+      c[section][field] = value
+    algo = config_lib.parse(c).algo
+    defaults = loss_modes.MODES[algo.loss_mode].defaults
+    assert r["name"] == f"{algo.loss_mode}_s0"
+    params = algo.loss_params()
+    for k in ("eps_low", "eps_high"):
+      if k in defaults:
+        assert params[k] == defaults[k], (algo.loss_mode, k)
+  assert {r["overrides"]["algo.loss_mode"] for r in runs} == set(loss_modes.MODES)
+
+
 @pytest.mark.parametrize("path, value, msg", [
     ("seed", -1, "config.seed"), ("checkpoint.every_steps", -1, "checkpoint.every_steps"),
     ("eval.every_steps", -2, "eval.every_steps"), ("eval.num_problems", -5, "eval.num_problems"),
