@@ -4,11 +4,12 @@ issue-14 setting. Run with the peer venv (requirements-bench.txt), never inside 
     /tmp/peer_venv/bin/python benchmarks/peers/trl_step.py --model=HF_DIR --prompts=16 \
         --group=16 --prompt_len=64 --new=128 --steps=4 --json=F
 
-16 random prompts of ids >= 4 per step (written as the WordLevel tokenizer's words, so they
-tokenize back to exactly `prompt_len` ids), G samples each, exactly `new` tokens per sample
-(`min_new_tokens`), reward +1 if token id 7 appears in the completion else -1, eps 0.2 / 0.28, no
-KL (beta 0), one update on all sequences (per-device batch = prompts x group, the issue's
-setting; `--micro_batch=M` accumulates it over slices of M instead), lr 1e-6, fp32, no vLLM, CPU. F holds {"step_s": median of steps 2.., "phases": {"generate", "rest"}}: `generate`
+`--prompts` random prompts of ids >= 4 per step (written as the WordLevel tokenizer's words, so
+they tokenize back to exactly `prompt_len` ids), `--group` samples each, exactly `new` tokens
+per sample (`min_new_tokens`), reward +1 if token id 7 appears in the completion else -1, eps
+0.2 / 0.28, no KL (beta 0), one update on all sequences (per-device batch = prompts x group, the
+issue's setting; `--micro_batch=M` accumulates it over slices of M instead), lr 1e-6, fp32, no
+vLLM, CPU. F holds {"step_s": median of steps 2.., "phases": {"generate", "rest"}}: `generate`
 is the time inside the model's `generate`, `rest` the step's remainder (reward, log-probs, the
 update; TRL's policy is its own model, so there is no weight sync).
 """
