@@ -33,7 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.task = dict(
       name="synthetic",
-      difficulty=3,             # operands per synthetic problem
+      difficulty=3,             # operations per synthetic problem (reasoning lines)
+      difficulty_max=0,         # 0 = all at difficulty; else drawn from [difficulty, this]
       num_train=20000,          # prompts in the synthetic training pool
       shots=0,                  # worked examples in each prompt (arith_nl only)
       eval_name="synthetic_heldout",
@@ -43,7 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
       reward="math_answer",
       data_dir="",              # "" = ../shared/data beside the repo
   )
-  c.warm_start = dict(steps=0, batch_size=64, lr=1e-3)  # steps, sequences, lr
+  c.warm_start = dict(steps=0, batch_size=64, lr=1e-3,  # steps, sequences, lr
+                      # demonstrations (data/testbed.py), probabilities per reasoning line;
+                      # all 0 = the exact reference solutions
+                      error_rate=0.0, recheck_rate=0.0, loop_rate=0.0, spacing=0.0)
   c.rollout = dict(
       group_size=16,            # G responses per prompt
       max_new_tokens=48,        # tokens (L_max)

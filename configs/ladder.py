@@ -10,39 +10,47 @@ Rungs (cumulative, as Table 1; AIME-24 avg@32 for Qwen2.5-32B in the paper):
   dapo            + dynamic sampling                                                      50
 Dual-clip (c = 10) and no KL are held fixed on every rung.
 
+The default base is the ablation testbed (configs/testbed_cpu.py, issue 12): mixed difficulty,
+truncated and re-checking responses and a high-entropy base, so each rung's technique has
+something to act on.
+
 COMMAND (one rung):
   python -m dapo_jax.main --config=configs/ladder.py:rung=dapo --workdir=runs/ladder/dapo
-COMMAND (the whole ladder x 3 seeds on this machine, then the eps_high and L_cache sweeps):
-  python experiments/launch.py --config=configs/ladder.py --backend=local \
+COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cache sweeps x 3):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/ladder --sweep=ladder
-  python experiments/launch.py --config=configs/ladder.py --backend=local \
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/sweeps --sweep=eps_high,l_cache
-COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode):
-  python experiments/launch.py --config=configs/ladder.py --backend=local \
-      --workdir=runs/variants --sweep=loss_mode
+COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
+  committed runs used the tiny base):
+  python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
+      --parallel=2 --workdir=runs/variants --sweep=loss_mode
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
-  machine (tiny base); the rungs' ordering at this scale is reported with CIs in
+  machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
 
-Options (`:key=value,...`): rung (above), base (tiny | qwen25_32b), seed.
+Options (`:key=value,...`): rung (above), base (testbed | tiny | qwen25_32b), seed.
 """
 import importlib
 
 from configs.base import parse_arg
 
 RUNGS = ("naive_grpo", "overlong_filter", "clip_higher", "soft_overlong", "token_level", "dapo")
-EPS_HIGH = (0.20, 0.24, 0.28, 0.32, 0.40)
-L_CACHE_FRACTIONS = (0.0, 0.125, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
-SEEDS = (0, 1, 2)
+EPS_HIGH = (0.20, 0.28, 0.36, 0.44)
+L_CACHE_FRACTIONS = (0.0, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
+SEEDS = (0, 1, 2, 3, 4)     # the ladder's
+SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 
 
 def _base(name: str, seed: int):
-  if name == "tiny":
+  if name == "testbed":
+    c = importlib.import_module("configs.testbed_cpu").get_config()
+  elif name == "tiny":
     c = importlib.import_module("configs.tiny_cpu").get_config("ladder=True")
   elif name == "qwen25_32b":
     c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
   else:
-    raise ValueError(f"ladder: unknown base {name!r}; expected tiny or qwen25_32b")
+    raise ValueError(f"ladder: unknown base {name!r}; expected testbed, tiny or qwen25_32b")
   c.seed = seed
   return c
 
@@ -62,7 +70,7 @@ def apply_rung(c, rung: str):
 
 
 def get_config(arg=None):
-  opts = parse_arg(arg, rung="dapo", base="tiny", seed=0)
+  opts = parse_arg(arg, rung="dapo", base="testbed", seed=0)
   return apply_rung(_base(opts["base"], opts["seed"]), opts["rung"])
 
 
@@ -79,9 +87,12 @@ def variant_overrides() -> dict:
 def get_sweep(arg=None):
   """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
 
-  ladder: 6 rungs x SEEDS. eps_high: the DAPO rung with each EPS_HIGH x SEEDS. l_cache: the DAPO
-  rung with overlong_cache_len = fraction x max_new_tokens x SEEDS. loss_mode: the DAPO rung with
-  each loss mode of core.loss_modes.MODES x SEEDS, its clip range the mode's own default where it
+  ladder: 6 rungs x SEEDS. eps_high: the DAPO rung with each EPS_HIGH x SWEEP_SEEDS. l_cache:
+  the DAPO rung with overlong_cache_len = fraction x max_new_tokens (of the default base) x
+  SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
+  L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
+  reads in their place. loss_mode: the DAPO rung with each loss mode of core.loss_modes.MODES x
+  SWEEP_SEEDS, its clip range the mode's own default where it
   has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). Several names may be joined with ','.
   """
@@ -92,16 +103,19 @@ def get_sweep(arg=None):
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s}", "overrides": {}}
                for r in RUNGS for s in SEEDS]
     elif name == "eps_high":
+      own = get_config().algo.eps_high
       runs += [{"name": f"eps_high{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
-                "overrides": {"algo.eps_high": e}} for e in EPS_HIGH for s in SEEDS]
+                "overrides": {"algo.eps_high": e}}
+               for e in EPS_HIGH if e != own for s in SWEEP_SEEDS]
     elif name == "l_cache":
-      max_new = get_config().rollout.max_new_tokens
+      algo, max_new = get_config().algo, get_config().rollout.max_new_tokens
       runs += [{"name": f"lcache{f:.3f}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
-               for f in L_CACHE_FRACTIONS for s in SEEDS]
+               for f in L_CACHE_FRACTIONS if int(round(f * max_new)) != algo.overlong_cache_len
+               for s in SWEEP_SEEDS]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
-               for m, o in variant_overrides().items() for s in SEEDS]
+               for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
                        "loss_mode")

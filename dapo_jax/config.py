@@ -41,7 +41,9 @@ class ModelCfg:
 @dataclasses.dataclass(frozen=True)
 class TaskCfg:
   name: str                   # "synthetic" | "arith_nl" | "dapo_math_17k"
-  difficulty: int             # synthetic task: number of operands
+  difficulty: int             # synthetic task: number of operations (reasoning lines)
+  difficulty_max: int         # synthetic task: 0 = all at `difficulty`; else each problem's
+                              # operations drawn from [difficulty, difficulty_max]
   num_train: int              # synthetic task: prompts in the training pool
   shots: int                  # arith_nl: worked examples before each problem; 0 = none
   eval_name: str              # "synthetic_heldout" | "aime_2024" | "aime_2025" | "amc_2023" | "math_500"
@@ -59,6 +61,11 @@ class WarmStartCfg:
   steps: int                  # supervised steps on reference solutions before RL; 0 = none
   batch_size: int             # sequences per supervised step
   lr: float
+  # Demonstrations instead of exact references (data/testbed.py; synthetic task), per line:
+  error_rate: float           # probability the result is off by 1 or 2
+  recheck_rate: float         # probability of a "check:" line recomputing it
+  loop_rate: float            # probability the response repeats it to the limit
+  spacing: float              # probability of a space at each gap around an operator
 
 
 @dataclasses.dataclass(frozen=True)

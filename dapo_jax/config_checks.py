@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from dapo_jax.core import losses as core_losses
 from dapo_jax.core import offpolicy as core_offpolicy
 from dapo_jax.core import stats as core_stats
+from dapo_jax.data.synthetic import MAX_DIFFICULTY
+from dapo_jax.data.testbed import DEMO_KNOBS
 
 if TYPE_CHECKING:  # dapo_jax.config imports this module
   from dapo_jax.config import (AlgoCfg, Config, EvalCfg, ModelCfg, OptimCfg, RolloutCfg,
@@ -63,8 +65,20 @@ def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):
   _positive("task", t, "shots", allow_zero=True)
   _require(t.shots == 0 or t.name == "arith_nl", "task.shots",
            f"only the arith_nl task shows worked examples; got {t.shots} for {t.name!r}")
+  _require(t.difficulty_max == 0 or t.name == "synthetic", "task.difficulty_max",
+           f"only the synthetic task mixes difficulties; got {t.difficulty_max} for {t.name!r}")
+  _require(t.difficulty_max == 0 or t.difficulty <= t.difficulty_max <= MAX_DIFFICULTY,
+           "task.difficulty_max", f"must be 0 or in [difficulty={t.difficulty}, "
+           f"{MAX_DIFFICULTY}], got {t.difficulty_max}")
   _positive("warm_start", w, "steps", allow_zero=True)
   _positive("warm_start", w, "batch_size", "lr")
+  for k in DEMO_KNOBS:
+    _require(0.0 <= getattr(w, k) <= 1.0, f"warm_start.{k}",
+             f"must be a probability in [0, 1], got {getattr(w, k)}")
+  demos = any(getattr(w, k) for k in DEMO_KNOBS)
+  _require(not demos or t.name == "synthetic", "warm_start",
+           f"demonstrations ({', '.join(DEMO_KNOBS)}) are written for the synthetic task only, "
+           f"got task {t.name!r}")
 
 
 def _validate_rollout(r: "RolloutCfg"):

@@ -114,11 +114,17 @@ def test_sweeps_are_data():
   assert len(runs) == 6 * len(ladder.SEEDS)
   assert len({r["name"] for r in runs}) == len(runs)
   eps = ladder.get_sweep("eps_high")
-  assert sorted({r["overrides"]["algo.eps_high"] for r in eps}) == [0.2, 0.24, 0.28, 0.32, 0.4]
+  # The DAPO rung's own point (0.28, L_cache 16) is the ladder's dapo runs, not re-run.
+  assert sorted({r["overrides"]["algo.eps_high"] for r in eps}) == [0.2, 0.36, 0.44]
+  assert 0.28 in ladder.EPS_HIGH and ladder.get_config().algo.eps_high == 0.28
+  assert len(eps) == 3 * len(ladder.SWEEP_SEEDS) and len(ladder.SEEDS) >= 5
   lc = ladder.get_sweep("l_cache")
   max_new = ladder.get_config().rollout.max_new_tokens
+  own = ladder.get_config().algo.overlong_cache_len
+  assert own == int(round(0.25 * max_new)) and 0.25 in ladder.L_CACHE_FRACTIONS
   assert sorted({r["overrides"]["algo.overlong_cache_len"] for r in lc}) == sorted(
-      {int(round(f * max_new)) for f in (0, 0.125, 0.25, 0.5)})
+      {int(round(f * max_new)) for f in (0, 0.5)})
+  assert len(lc) == 2 * len(ladder.SWEEP_SEEDS)
   with pytest.raises(ValueError, match="unknown sweep"):
     ladder.get_sweep("nope")
 
@@ -127,8 +133,8 @@ def test_loss_mode_sweep_runs_each_mode_at_its_own_clip_range():
   from dapo_jax.core import loss_modes
   ladder = importlib.import_module("configs.ladder")
   runs = ladder.get_sweep("loss_mode")
-  assert len(runs) == len(loss_modes.MODES) * len(ladder.SEEDS)
-  for r in runs[::len(ladder.SEEDS)]:
+  assert len(runs) == len(loss_modes.MODES) * len(ladder.SWEEP_SEEDS)
+  for r in runs[::len(ladder.SWEEP_SEEDS)]:
     c = ladder.get_config(r["arg"])
     for key, value in r["overrides"].items():
       section, field = key.split(".")

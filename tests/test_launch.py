@@ -9,10 +9,10 @@ import launch  # noqa: E402  pylint: disable=wrong-import-position
 
 def test_expand_ladder_sweep(tmp_path):
   runs = launch.expand("configs/ladder.py", "ladder", str(tmp_path))
-  assert len(runs) == 18 and runs[0].name == "naive_grpo_s0"
+  assert len(runs) == 30 and runs[0].name == "naive_grpo_s0"
   assert runs[0].config_arg == "configs/ladder.py:rung=naive_grpo,seed=0"
   eps = launch.expand("configs/ladder.py", "eps_high", str(tmp_path))
-  assert "--config.algo.eps_high=0.4" in eps[-1].argv()
+  assert "--config.algo.eps_high=0.44" in eps[-1].argv()
   single = launch.expand("configs/tiny_cpu.py", None, str(tmp_path))
   assert [r.name for r in single] == ["run"]
   with pytest.raises(ValueError, match="get_sweep"):
@@ -38,15 +38,15 @@ def test_dry_runs_print_exact_commands(tmp_path, capsys):
   assert len(out) == 1 and out[0].startswith("gcloud compute tpus tpu-vm ssh pod --zone=z")
   assert "--worker=all" in out[0] and "dapo_jax.main --config=configs/dapo_qwen25_32b.py" in out[0]
   assert launch.main(["--config=configs/ladder.py", "--sweep=l_cache", "--backend=multihost",
-                      f"--workdir={tmp_path}", "--dry_run", "--only=lcache0.250_s0"]) == 0
+                      f"--workdir={tmp_path}", "--dry_run", "--only=lcache0.500_s0"]) == 0
   out = capsys.readouterr().out.strip().splitlines()
   assert len(out) == 2 and all("--config.distributed.enabled=True" in l for l in out)
   assert "--config.distributed.process_id=1" in out[1]
   assert launch.main(["--config=configs/ladder.py", "--sweep=eps_high", f"--workdir={tmp_path}",
-                      "--dry_run", "--only=eps_high0.40_s0", "--set=algo.eps_high=0.1",
+                      "--dry_run", "--only=eps_high0.44_s0", "--set=algo.eps_high=0.1",
                       "--set=checkpoint.export_hf=False"]) == 0
   out = capsys.readouterr().out
-  assert "--config.algo.eps_high=0.4" in out and "--config.checkpoint.export_hf=False" in out
+  assert "--config.algo.eps_high=0.44" in out and "--config.checkpoint.export_hf=False" in out
   assert "eps_high=0.1" not in out
 
 

@@ -9,6 +9,9 @@ operations, i.e. the number of reasoning lines, so it changes both accuracy and 
 
 `digits` bounds the operands (1..10**digits - 1). Running totals never go negative. Train and
 held-out problems never coincide: a problem's split is a hash of its text, whatever the seed.
+`difficulty_max` > 0 mixes difficulties: problems cycle through the operation counts
+difficulty..difficulty_max, an equal share each (the testbed of data/testbed.py; 0 = every
+problem at `difficulty`).
 
   python -m dapo_jax.data.synthetic   # prints the difficulty table (baselines, lengths)
 """
@@ -26,24 +29,32 @@ MAX_DIFFICULTY = 16
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTask:
-  """Seeded generator of problems. difficulty = operations (lines of reasoning)."""
+  """Seeded generator of problems. difficulty = operations (lines of reasoning); with
+  difficulty_max > 0, equal shares of problems at each count in [difficulty, difficulty_max]."""
   difficulty: int
   seed: int = 0
   digits: int = 1
   heldout_percent: int = 10  # share of the problem space that belongs to the held-out split
+  difficulty_max: int = 0    # 0 = every problem has `difficulty` operations
 
   def __post_init__(self):
     check_int_fields(self, (("difficulty", 1, MAX_DIFFICULTY), ("digits", 1, 6),
-                            ("heldout_percent", 1, 99)))
+                            ("heldout_percent", 1, 99), ("difficulty_max", 0, MAX_DIFFICULTY)))
+    if self.difficulty_max and self.difficulty_max < self.difficulty:
+      raise ValueError(f"difficulty_max: {self.difficulty_max} is below difficulty "
+                       f"{self.difficulty} (0 = no mix)")
 
   def split_of(self, problem: str) -> str:
     """'heldout' or 'train', from a hash of the problem text alone (independent of the seed)."""
     return split_of(problem, self.heldout_percent)
 
   def examples(self, split: str, n: int) -> list[Example]:
-    """n distinct problems of `split`, the same list for the same (seed, split, n)."""
+    """n distinct problems of `split`, the same list for the same (seed, split, n). With a mix,
+    problem i has difficulty + i mod (difficulty_max - difficulty + 1) operations: equal shares
+    per level, whatever the size of each level's problem space."""
     check_examples_args(split, n)
-    rng = random.Random(f"synthetic/{self.seed}/{split}/{self.difficulty}/{self.digits}")
+    mix = f"-{self.difficulty_max}" if self.difficulty_max else ""  # old streams unchanged
+    rng = random.Random(f"synthetic/{self.seed}/{split}/{self.difficulty}{mix}/{self.digits}")
     out, seen, attempts = [], set(), 0
     max_attempts = 1000 + 200 * n
     while len(out) < n:
@@ -51,24 +62,25 @@ class SyntheticTask:
       if attempts > max_attempts:
         raise ValueError(
             f"n: found only {len(out)} distinct {split} problems of {n} requested in "
-            f"{max_attempts} draws; the problem space at difficulty={self.difficulty}, "
+            f"{max_attempts} draws; the problem space at difficulty={self.difficulty}{mix}, "
             f"digits={self.digits} is too small (raise difficulty or digits, or lower n)")
-      operands, ops = self._draw(rng)
+      levels = self.difficulty_max - self.difficulty + 1 if self.difficulty_max else 1
+      operands, ops = self._draw(rng, self.difficulty + len(out) % levels)
       problem = problem_text(operands, ops)
       if problem in seen or self.split_of(problem) != split:
         continue
       seen.add(problem)
       out.append(Example(
-          id=f"synthetic-d{self.difficulty}-{split}-{len(out):06d}", problem=problem,
+          id=f"synthetic-d{self.difficulty}{mix}-{split}-{len(out):06d}", problem=problem,
           prompt=template.make_prompt(problem), answer=str(evaluate(operands, ops)),
           solution=solution_text(operands, ops), source="synthetic"))
     return out
 
-  def _draw(self, rng: random.Random):
+  def _draw(self, rng: random.Random, n_ops: int):
     hi = 10**self.digits - 1
     operands, ops = [rng.randint(1, hi)], []
     total = operands[0]
-    for _ in range(self.difficulty):
+    for _ in range(n_ops):
       op = "+" if total == 0 else rng.choice("+-")
       x = rng.randint(1, hi) if op == "+" else rng.randint(0, min(total, hi))
       total = total + x if op == "+" else total - x

@@ -7,7 +7,7 @@ import jax
 
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.data import arith_nl, pipeline, readers, synthetic
+from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io
 from dapo_jax.models.config import ModelConfig
@@ -74,16 +74,30 @@ def load_task(cfg: Config) -> Task:
   if generated is not None:
     if t.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
       generated = functools.partial(generated, shots=t.shots)
-    train = generated(difficulty=t.difficulty, seed=cfg.seed).examples("train", t.num_train)
+    if t.difficulty_max:  # mixed difficulty (synthetic; config_checks rejects the rest)
+      generated = functools.partial(generated, difficulty_max=t.difficulty_max)
+    generated = generated(difficulty=t.difficulty, seed=cfg.seed)
+    train = generated.examples("train", t.num_train)
   else:
     train, report = readers.load_examples(t.name, data_dir=t.data_dir or None)
     print(f"[data] {t.name}: {report.summary()}")
+  evals = _eval_examples(cfg, generated)
+  if tok.eos_token_id is None:
+    raise ValueError(f"config.task.tokenizer: {t.tokenizer!r} has no EOS token")
+  # With the chat template a response ends at the template's end-of-turn token (first) or EOS.
+  eos_ids = pipeline.stop_token_ids(tok, use_chat_template=t.chat_template)
+  return Task(train=train, eval=evals, tokenizer=tok, eos_ids=eos_ids)
+
+
+def _eval_examples(cfg: Config, generated) -> list:
+  """The eval set of config.task.eval_name (held-out problems of `generated`, the task's
+  generator, for a *_heldout set), cut to eval.num_problems."""
+  t = cfg.task
   if t.eval_name in _HELDOUT_SETS:
     if t.eval_name != f"{t.name}_heldout":
       raise ValueError(f"config.task.eval_name: {t.eval_name} needs task.name="
                        f"{t.eval_name.removesuffix('_heldout')!r}, got {t.name!r}")
-    n = cfg.eval.num_problems or 256
-    evals = generated(difficulty=t.difficulty, seed=cfg.seed).examples("heldout", n)
+    evals = generated.examples("heldout", cfg.eval.num_problems or 256)
   elif t.eval_name in _EVAL_SETS:
     evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
   elif t.eval_name == "math_500_easy":  # MATH-500's integer-answer level 1-2 problems
@@ -94,13 +108,13 @@ def load_task(cfg: Config) -> Task:
   else:
     raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
                      f"one of {_HELDOUT_SETS}, math_500_int, math_500_easy or {_EVAL_SETS}")
-  if cfg.eval.num_problems:
-    evals = evals[:cfg.eval.num_problems]
-  if tok.eos_token_id is None:
-    raise ValueError(f"config.task.tokenizer: {t.tokenizer!r} has no EOS token")
-  # With the chat template a response ends at the template's end-of-turn token (first) or EOS.
-  eos_ids = pipeline.stop_token_ids(tok, use_chat_template=t.chat_template)
-  return Task(train=train, eval=evals, tokenizer=tok, eos_ids=eos_ids)
+  return evals[:cfg.eval.num_problems] if cfg.eval.num_problems else evals
+
+
+def demo_fn(cfg: Config):
+  """The warm start's demonstration writer (data/testbed.py), or None for exact references."""
+  w = cfg.warm_start
+  return testbed.demo_fn({k: getattr(w, k) for k in testbed.DEMO_KNOBS})
 
 
 # How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):

@@ -5,6 +5,7 @@ exists offline, so the demo first fits the tiny policy to a few reference soluti
 synthetic task: the result is a weak but format-following base that RL then improves.
 """
 import functools
+import random
 
 import jax
 import jax.numpy as jnp
@@ -18,20 +19,28 @@ from dapo_jax.train import multihost
 
 
 def sequences(examples, tokenizer, *, seq_len: int, eos_id: int,
-              use_chat_template: bool = False):
-  """[prompt][solution][EOS] rows with a loss mask on the solution and EOS tokens. With the chat
-  template, eos_id is its end-of-turn token (Task.eos_ids[0])."""
+              use_chat_template: bool = False, responses=None):
+  """[prompt][response][EOS] rows with a loss mask on the response and EOS tokens. With the chat
+  template, eos_id is its end-of-turn token (Task.eos_ids[0]).
+
+  The responses are the examples' reference solutions, or `responses` (texts, one per example:
+  demonstrations, data/testbed.py). A reference must fit in seq_len; a demonstration longer than
+  that is cut at seq_len without its EOS, as the generation limit cuts a response.
+  """
   B = len(examples)
   tokens = np.zeros((B, seq_len), np.int32)
   attn = np.zeros((B, seq_len), np.float32)
   loss_mask = np.zeros((B, seq_len), np.float32)
   for i, ex in enumerate(examples):
-    if ex.solution is None:
+    text = ex.solution if responses is None else responses[i]
+    if text is None:
       raise ValueError(f"warm start: example {ex.id} has no reference solution")
     p = encode_prompt(tokenizer, ex.prompt, use_chat_template=use_chat_template)
-    r = tokenizer.encode(ex.solution, add_special_tokens=False) + [eos_id]
+    r = tokenizer.encode(text, add_special_tokens=False) + [eos_id]
     if len(p) + len(r) > seq_len:
-      raise ValueError(f"warm start: example {ex.id} needs {len(p) + len(r)} tokens > {seq_len}")
+      if responses is None or len(p) >= seq_len:
+        raise ValueError(f"warm start: example {ex.id} needs {len(p) + len(r)} tokens > {seq_len}")
+      r = r[:seq_len - len(p)]
     tokens[i, :len(p) + len(r)] = p + r
     attn[i, :len(p) + len(r)] = 1.0
     loss_mask[i, len(p):len(p) + len(r)] = 1.0
@@ -54,20 +63,24 @@ def _step(params, opt_state, batch, *, graphdef, optimizer):
 
 def warm_start(graphdef, params, examples, tokenizer, *, steps: int, batch_size: int, lr: float,
                seq_len: int, eos_id: int, seed: int, data_sharding=None, log_every: int = 50,
-               callback=None, use_chat_template: bool = False):
+               callback=None, use_chat_template: bool = False, demo=None):
   """Fits params to `steps` batches of reference solutions; returns (params, logged losses).
 
-  callback(step, params), if given, is called at every logging step (e.g. to save snapshots).
+  demo(example, rng) -> text, if given, writes each row's response instead (demonstrations,
+  data/testbed.demo_fn). callback(step, params), if given, is called at every logging step
+  (e.g. to save snapshots).
   """
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 10, 1), steps,
                                                              lr * 0.1), weight_decay=0.0)
   opt_state = optimizer.init(params)
   rng = np.random.default_rng(seed)
+  demo_rng = random.Random(f"demo/{seed}")
   losses = []
   for step in range(steps):
-    idx = rng.choice(len(examples), size=batch_size, replace=False)
-    batch = sequences([examples[i] for i in idx], tokenizer, seq_len=seq_len, eos_id=eos_id,
-                      use_chat_template=use_chat_template)
+    rows = [examples[i] for i in rng.choice(len(examples), size=batch_size, replace=False)]
+    responses = None if demo is None else [demo(e, demo_rng) for e in rows]
+    batch = sequences(rows, tokenizer, seq_len=seq_len, eos_id=eos_id,
+                      use_chat_template=use_chat_template, responses=responses)
     if data_sharding is not None:
       batch = multihost.put_tree(batch, data_sharding)
     params, opt_state, loss = _step(params, opt_state, batch, graphdef=graphdef,

@@ -89,7 +89,7 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
         graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
         batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr, seq_len=seq_len,
         eos_id=task.eos_ids[0], seed=cfg.seed, data_sharding=sharding.data_sharding(mesh),
-        use_chat_template=cfg.task.chat_template)
+        use_chat_template=cfg.task.chat_template, demo=setup.demo_fn(cfg))
   optimizer = state_lib.make_optimizer(
       lr=cfg.optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=cfg.optim.weight_decay,
       grad_clip=cfg.optim.grad_clip, b1=cfg.optim.b1, b2=cfg.optim.b2, eps=cfg.optim.eps)
