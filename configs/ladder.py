@@ -101,7 +101,7 @@ def get_sweep(arg=None):
   for name in names:
     if name == "ladder":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s}", "overrides": {}}
-               for r in RUNGS for s in SEEDS]
+               for s in SEEDS for r in RUNGS]  # seed-major: a cut-short sweep stays paired
     elif name == "eps_high":
       own = get_config().algo.eps_high
       runs += [{"name": f"eps_high{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
