@@ -21,6 +21,9 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
       --workdir=runs/ladder --sweep=ladder
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/sweeps --sweep=eps_high,l_cache
+COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
+      --workdir=runs/beyond --sweep=beyond
 COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
@@ -91,7 +94,8 @@ def get_sweep(arg=None):
   the DAPO rung with overlong_cache_len = fraction x max_new_tokens (of the default base) x
   SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
-  reads in their place. loss_mode: the DAPO rung with each loss mode of core.loss_modes.MODES x
+  reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
+  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). loss_mode: the DAPO rung with each loss mode of core.loss_modes.MODES x
   SWEEP_SEEDS, its clip range the mode's own default where it
   has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). Several names may be joined with ','.
@@ -113,10 +117,14 @@ def get_sweep(arg=None):
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
                for f in L_CACHE_FRACTIONS if int(round(f * max_new)) != algo.overlong_cache_len
                for s in SWEEP_SEEDS]
+    elif name == "beyond":  # issue 16's ablations; their reference is the ladder's dapo runs
+      runs += [{"name": f"{switch}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {f"algo.{switch}": True}}
+               for switch in ("prefilter", "overlong_adaptive") for s in SWEEP_SEEDS]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "loss_mode")
+                       "beyond, loss_mode")
   return runs

@@ -125,6 +125,9 @@ def test_sweeps_are_data():
   assert sorted({r["overrides"]["algo.overlong_cache_len"] for r in lc}) == sorted(
       {int(round(f * max_new)) for f in (0, 0.5)})
   assert len(lc) == 2 * len(ladder.SWEEP_SEEDS)
+  beyond = ladder.get_sweep("beyond")
+  assert [r["overrides"] for r in beyond[::len(ladder.SWEEP_SEEDS)]] == [
+      {"algo.prefilter": True}, {"algo.overlong_adaptive": True}]
   with pytest.raises(ValueError, match="unknown sweep"):
     ladder.get_sweep("nope")
 
