@@ -1,9 +1,13 @@
 """What a base policy gives each DAPO technique to act on: the testbed's measured figures.
 
   python experiments/testbed_stats.py --config=configs/testbed_cpu.py \
-      --models=/tmp/testbed_base/step_300,/tmp/testbed_base/step_400 --json=/tmp/stats.json
+      --models=/tmp/testbed_base/step_600,/tmp/testbed_base/step_800 --json=/tmp/stats.json
+  # the committed figures (the shipped testbed base beside the tiny base, each on its own task):
+  python experiments/testbed_stats.py --config=configs/testbed_cpu.py,configs/tiny_cpu.py \
+      --json=experiments/results/testbed_base_stats.json
 
-For each model (an HF directory; default: the config's own base) it samples `--rounds` batches
+For each config (comma-separated) and model (an HF directory; default: the config's own base)
+it samples `--rounds` batches
 of train.batch_size training prompts x G at the config's rollout settings (T = 1, no update)
 through the trainer's own functions, and prints one row: accuracy; entropy, nats per response
 token, as the dashboard's `entropy` (the full next-token distribution, from the prepare phase's
@@ -66,14 +70,15 @@ def measure(c, rounds: int) -> dict:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--config", default="configs/testbed_cpu.py")
+  ap.add_argument("--config", default="configs/testbed_cpu.py", help="comma-separated files")
   ap.add_argument("--models", default="", help="comma-separated HF dirs; default the config's")
   ap.add_argument("--rounds", type=int, default=4, help="batches of train.batch_size prompts")
   ap.add_argument("--json", default="", help="write the rows here")
   args = ap.parse_args()
-  path, _, arg = args.config.partition(":")
   rows = {}
-  for model in (args.models.split(",") if args.models else [""]):
+  for spec, model in ((s, m) for s in args.config.split(",")
+                      for m in (args.models.split(",") if args.models else [""])):
+    path, _, arg = spec.partition(":")
     c = load_module(path).get_config(arg or None)
     if model:
       c.model.source, c.model.hf_path = "hf", model
