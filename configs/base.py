@@ -131,6 +131,15 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def runlocal(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The smoke-test sizes of a CPU config (its `runlocal=True`): 2 steps, a small eval."""
+  c.train.num_steps = 2
+  c.eval.num_problems = 16
+  c.eval.num_samples = 4
+  c.eval.bootstrap_samples = 100
+  return c
+
+
 def parse_arg(arg: str | None, **defaults) -> dict:
   """'a=1,b=x' -> {'a': 1, 'b': 'x'} typed like `defaults`; unknown keys are errors."""
   out = dict(defaults)

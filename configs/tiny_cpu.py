@@ -7,7 +7,7 @@ EXPECTED: ~4-9 min on 2 CPU cores (the machine's speed varies); held-out avg@16
   Variant for CI and smoke tests (about a minute):
   python -m dapo_jax.main --config=configs/tiny_cpu.py:runlocal=True --workdir=runs/tiny_smoke
 """
-from configs.base import base_config, parse_arg
+from configs.base import base_config, parse_arg, runlocal
 
 
 def get_config(arg=None):
@@ -40,9 +40,4 @@ def get_config(arg=None):
     c.eval.num_problems = 64
     c.eval.num_samples = 8
     c.checkpoint.every_steps = 5       # rollout steps
-  if opts["runlocal"]:
-    c.train.num_steps = 2
-    c.eval.num_problems = 16
-    c.eval.num_samples = 4
-    c.eval.bootstrap_samples = 100
-  return c
+  return runlocal(c) if opts["runlocal"] else c
