@@ -95,28 +95,28 @@ def get_sweep(arg=None):
   SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
   reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
-  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). loss_mode: the DAPO rung with each loss mode of core.loss_modes.MODES x
-  SWEEP_SEEDS, its clip range the mode's own default where it
-  has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
+  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). loss_mode: the DAPO rung
+  with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
+  default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). Several names may be joined with ','.
   """
   names = (arg or "ladder").split(",")
+  base = get_config()  # the DAPO rung on the default base: the sweeps' own points
   runs = []
   for name in names:
     if name == "ladder":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s}", "overrides": {}}
                for s in SEEDS for r in RUNGS]  # seed-major: a cut-short sweep stays paired
     elif name == "eps_high":
-      own = get_config().algo.eps_high
       runs += [{"name": f"eps_high{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"algo.eps_high": e}}
-               for e in EPS_HIGH if e != own for s in SWEEP_SEEDS]
+               for e in EPS_HIGH if e != base.algo.eps_high for s in SWEEP_SEEDS]
     elif name == "l_cache":
-      algo, max_new = get_config().algo, get_config().rollout.max_new_tokens
+      max_new = base.rollout.max_new_tokens
       runs += [{"name": f"lcache{f:.3f}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
-               for f in L_CACHE_FRACTIONS if int(round(f * max_new)) != algo.overlong_cache_len
-               for s in SWEEP_SEEDS]
+               for f in L_CACHE_FRACTIONS
+               if int(round(f * max_new)) != base.algo.overlong_cache_len for s in SWEEP_SEEDS]
     elif name == "beyond":  # issue 16's ablations; their reference is the ladder's dapo runs
       runs += [{"name": f"{switch}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {f"algo.{switch}": True}}

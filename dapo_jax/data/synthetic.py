@@ -57,6 +57,7 @@ class SyntheticTask:
     rng = random.Random(f"synthetic/{self.seed}/{split}/{self.difficulty}{mix}/{self.digits}")
     out, seen, attempts = [], set(), 0
     max_attempts = 1000 + 200 * n
+    levels = self.difficulty_max - self.difficulty + 1 if self.difficulty_max else 1
     while len(out) < n:
       attempts += 1
       if attempts > max_attempts:
@@ -64,7 +65,6 @@ class SyntheticTask:
             f"n: found only {len(out)} distinct {split} problems of {n} requested in "
             f"{max_attempts} draws; the problem space at difficulty={self.difficulty}{mix}, "
             f"digits={self.digits} is too small (raise difficulty or digits, or lower n)")
-      levels = self.difficulty_max - self.difficulty + 1 if self.difficulty_max else 1
       operands, ops = self._draw(rng, self.difficulty + len(out) % levels)
       problem = problem_text(operands, ops)
       if problem in seen or self.split_of(problem) != split:

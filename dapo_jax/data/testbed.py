@@ -16,8 +16,9 @@ or a degenerate one that repeats a line until the generation limit cuts it (loop
 Which knob exercises which technique (configs/testbed_cpu.py sets them; the measured base
 figures are in dapo_jax/assets/README.md):
 
-  task.difficulty_max     mixed difficulty: easy problems give all-correct groups, hard ones
-                          all-wrong groups: dynamic sampling has groups to filter (Fig. 3b).
+  task.difficulty_max     mixed difficulty: hard problems give all-wrong groups, easy ones can
+                          reach all-correct groups as RL improves them: dynamic sampling has
+                          groups to filter (Fig. 3b; at the shipped base only all-wrong ones).
   warm_start.loop_rate    repetition loops: truncated, answerless responses: the overlong filter
                           and the soft punishment act on them (Table 1 rows 2 and 4, Fig. 5).
   warm_start.recheck_rate re-check lines: longer responses that are more often right, so length
