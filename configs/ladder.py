@@ -24,7 +24,7 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
 COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/beyond --sweep=beyond
-COMMAND (issue 16's pre-filter where prompts recur: a 120-prompt pool, pre-filter off and on):
+COMMAND (issue 16's pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/prefilter_pool --sweep=prefilter_pool
 COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
@@ -47,6 +47,10 @@ L_CACHE_FRACTIONS = (0.0, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
 SEEDS = (0, 1, 2, 3, 4)     # the ladder's
 SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 PREFILTER_POOL = 120        # prompts: 30 steps of 24-prompt rounds visit each ~6 times
+PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
+    "off": {"algo.prefilter": False},
+    "prefilter": {"algo.prefilter": True},
+    "prefilter_m10": {"algo.prefilter": True, "algo.prefilter_margin": 0.1}}
 
 
 def _base(name: str, seed: int):
@@ -100,7 +104,8 @@ def get_sweep(arg=None):
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
   reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
   on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). prefilter_pool: the
-  DAPO rung on a pool of PREFILTER_POOL prompts, algo.prefilter off and on x SWEEP_SEEDS (the
+  DAPO rung on a pool of PREFILTER_POOL prompts x PREFILTER_ARMS (pre-filter off, on, on with
+  a 0.1 margin) x SWEEP_SEEDS (the
   default pool is never revisited in 30 steps, so the pre-filter has no record to act on; the
   paper's run passes DAPO-Math-17k many times). loss_mode: the DAPO rung
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
@@ -130,8 +135,8 @@ def get_sweep(arg=None):
                for switch in ("prefilter", "overlong_adaptive") for s in SWEEP_SEEDS]
     elif name == "prefilter_pool":
       runs += [{"name": f"pool{PREFILTER_POOL}_{arm}_s{s}", "arg": f"rung=dapo,seed={s}",
-                "overrides": {"task.num_train": PREFILTER_POOL, "algo.prefilter": on}}
-               for s in SWEEP_SEEDS for arm, on in (("off", False), ("prefilter", True))]
+                "overrides": {"task.num_train": PREFILTER_POOL, **o}}
+               for s in SWEEP_SEEDS for arm, o in PREFILTER_ARMS.items()]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]

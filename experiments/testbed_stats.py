@@ -45,7 +45,7 @@ def measure(c, rounds: int) -> dict:
     parts, ent_sum, ent_count = [], 0.0, 0.0
     for r in range(rounds):
       g = trainer._generate_round(run, r, cfg.train.batch_size)  # pylint: disable=protected-access
-      prep = trainer.prepare(run, g)
+      prep = trainer.prepare(run, g, separate_pass=True)
       ent_sum += float((prep.entropy_BxS * prep.resp_mask_BxS).sum())
       ent_count += float(prep.resp_mask_BxS.sum())
       parts.append(g)

@@ -128,8 +128,9 @@ def test_sweeps_are_data():
   beyond = ladder.get_sweep("beyond")
   assert [r["overrides"] for r in beyond[::len(ladder.SWEEP_SEEDS)]] == [
       {"algo.prefilter": True}, {"algo.overlong_adaptive": True}]
-  pool = ladder.get_sweep("prefilter_pool")  # off / on pairs per seed, on one small pool
-  assert [r["overrides"]["algo.prefilter"] for r in pool] == [False, True] * len(ladder.SWEEP_SEEDS)
+  pool = ladder.get_sweep("prefilter_pool")  # off / on / looser arms per seed, one small pool
+  assert [(r["overrides"]["algo.prefilter"], r["overrides"].get("algo.prefilter_margin", 0))
+          for r in pool] == [(False, 0), (True, 0), (True, 0.1)] * len(ladder.SWEEP_SEEDS)
   assert {r["overrides"]["task.num_train"] for r in pool} == {ladder.PREFILTER_POOL}
   base = ladder.get_config()
   draws = base.train.num_steps * base.algo.gen_batch_size  # prompts drawn at one round a step

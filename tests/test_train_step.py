@@ -119,6 +119,43 @@ def test_strided_microbatches_and_off_policy_correction():
     _step(graphdef, opt, _cfg(is_correction="tis_seq"))(state, batch)
 
 
+@pytest.mark.parametrize("mode, micro", [("dapo", None), ("dapo", 4), ("gspo", 4)])
+def test_on_policy_minibatch_equals_old_logprobs_from_a_separate_pass(mode, micro):
+  """Without old_logp the update takes them from its own forward (detached): the same update
+  as feeding it the log-prob pass's values, and it returns that pass's log-probs and entropies."""
+  cfg = _cfg(loss_mode=mode, micro_batch_size=micro)
+  batch = _batch(seed=6)
+  graphdef, state, opt = _setup(cfg=cfg)
+  logp, ent = train_step_lib.logprobs(graphdef, state.params, batch["tokens"],
+                                      batch["attn_mask"])
+  given = dict(batch, old_logp=np.asarray(logp) * batch["loss_mask"])
+  want, m_want = _step(graphdef, opt, cfg)(state, given)
+  graphdef, state, opt = _setup(cfg=cfg)
+  own = {k: v for k, v in batch.items() if k != "old_logp"}
+  got, m_got = _step(graphdef, opt, cfg)(state, own)
+  _close(want.params, got.params, 2e-6)
+  for k in ("loss", "grad_norm", "clipfrac", "ratio_mean", "ratio_max"):
+    assert float(m_got[k]) == pytest.approx(float(m_want[k]), rel=1e-5, abs=1e-7), k
+  assert float(m_got["ratio_max"]) == 1.0 and float(m_got["clipfrac"]) == 0.0
+  assert "token_logp" not in m_want
+  real = batch["attn_mask"] > 0
+  real[:, 0] = False  # the first token has no log-prob
+  np.testing.assert_allclose(np.asarray(m_got["token_logp"])[real], np.asarray(logp)[real],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(m_got["token_entropy"])[real], np.asarray(ent)[real],
+                             rtol=1e-5, atol=1e-6)
+  assert not np.asarray(m_got["token_logp"])[~batch["attn_mask"].astype(bool)].any()
+
+
+def test_on_policy_minibatch_refuses_what_needs_old_logprobs_first():
+  own = {k: v for k, v in _batch().items() if k != "old_logp"}
+  graphdef, state, opt = _setup()
+  with pytest.raises(ValueError, match="is_correction"):
+    _step(graphdef, opt, _cfg(is_correction="tis_token"))(state, own)
+  with pytest.raises(ValueError, match="selects tokens"):
+    _step(graphdef, opt, _cfg(loss_mode="clip_cov"))(state, own)
+
+
 def test_sum_norm_divides_by_the_generation_budget_not_the_row_length():
   """seq-mean-token-sum-norm's default divisor is rollout.max_new_tokens (the response budget);
   it was the row length (prompt + response) before."""

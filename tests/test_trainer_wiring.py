@@ -173,3 +173,28 @@ def test_off_policy_correction_reads_the_samplers_log_probs(tmp_path):
   # Sampler and trainer run the same f32 weights: log-probs agree to round-off, not exactly.
   assert 0.0 <= m["is_logp_diff_abs_mean"] < 1e-3
   assert "is_corrected_frac" in m
+
+
+def test_one_update_per_step_takes_old_logprobs_from_its_own_forward(tmp_path):
+  """train.num_minibatches = 1: prepare runs no log-prob pass, and the update (with its entropy
+  and token-probability metrics) equals the one fed by the separate pass."""
+  cfg = tiny_config(**{"train.num_minibatches": 1})
+  assert trainer.on_policy_update(cfg)
+  assert not trainer.on_policy_update(tiny_config())  # 2+ updates: later ones are off-policy
+  run = trainer.build(cfg, str(tmp_path), resume=False)
+  batch, _ = trainer.collect(run)
+  fused, separate = trainer.prepare(run, batch), trainer.prepare(run, batch, separate_pass=True)
+  assert fused.logp_BxS is None and "old_logp" not in fused.arrays
+  step_fn = trainer._jitted_train_step(run)  # pylint: disable=protected-access
+  start = jax.tree.map(np.copy, jax.device_get(run.state))
+  (m_sep,) = jax.device_get(trainer.update(run, step_fn, separate.arrays))
+  params_sep = _pure(run.state.params)
+  run.state = jax.device_put(start, jax.tree.map(lambda x: x.sharding, run.state))
+  (m_fused,) = jax.device_get(trainer.update(run, step_fn, fused.arrays))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               _pure(run.state.params), params_sep)
+  np.testing.assert_allclose(m_fused["loss"], m_sep["loss"], rtol=1e-5, atol=1e-7)
+  resp = separate.resp_mask_BxS > 0
+  np.testing.assert_allclose(m_fused["token_logp"][resp], separate.logp_BxS[resp], atol=1e-5)
+  np.testing.assert_allclose(m_fused["token_entropy"][resp], separate.entropy_BxS[resp],
+                             atol=1e-5)

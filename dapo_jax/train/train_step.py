@@ -14,6 +14,11 @@ the one computed on the full mini-batch (tested).
 Mini-batch keys: tokens, attn_mask, loss_mask, old_logp [B, S], adv [B]; ref_logp when
 algo.kl_coef > 0; behav_logp (the sampler's log-probs) when algo.is_correction != "none" (with
 it the mismatch metrics are reported whatever the correction).
+
+Without old_logp the update is on-policy: the old log-probs are its own forward's, detached
+(the ratio is 1 in value, its gradient that of logp), as when the step's only update runs at
+the params that sampled (TRL's num_iterations = 1). The metrics then carry that forward's
+per-token log-probs and entropies ([B, S], `TOKEN_KEYS`), so no separate pass is needed.
 """
 from typing import Any
 
@@ -52,19 +57,26 @@ def _micro_logprobs(params, graphdef, mb, rows, i, *, temperature, with_entropy,
   return gather(logp), (gather(ent) if with_entropy else None)
 
 
+TOKEN_KEYS = ("token_logp", "token_entropy")  # the on-policy update's per-token outputs
+
+
 def _objective(params, graphdef, mb, rows, i, denominator, cfg: Config, mesh):
   """Micro-batch i's share of the mini-batch loss (the global denominator divides it)."""
   a = cfg.algo
-  need_entropy = a.entropy_coef > 0
+  on_policy = "old_logp" not in mb
+  need_entropy = a.entropy_coef > 0 or on_policy
   logp, ent = _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh,
                               temperature=cfg.rollout.temperature, with_entropy=need_entropy)
+  old_logp = jax.lax.stop_gradient(logp) if on_policy else mb["old_logp"]
   mask = mb["loss_mask"] * (mb["pack_micro"] == i)[:, None].astype(mb["loss_mask"].dtype)
   agg = dict(agg=a.loss_agg, loss_scale_factor=cfg.loss_scale_factor, denominator=denominator)
   pg_loss, aux = losses.policy_loss(
-      logp, mb["old_logp"], mb["adv"], mask, mode=a.loss_mode, weight_BxT=mb.get("is_weight"),
+      logp, old_logp, mb["adv"], mask, mode=a.loss_mode, weight_BxT=mb.get("is_weight"),
       selected_BxT=mb.get("selected"), **agg, **a.loss_params())
   total = pg_loss
   aux = dict(aux, pg_loss=pg_loss)
+  if on_policy:  # micro-batch i's rows (0 elsewhere): summed over micro-batches by the caller
+    aux.update(zip(TOKEN_KEYS, map(jax.lax.stop_gradient, (logp, ent))))
   if a.kl_coef > 0:  # not even traced when off: no reference forward exists then
     kl = losses.aggregate(stats.kl_estimate(logp, mb["ref_logp"], kind=a.kl_kind) * mask, mask,
                           **agg)
@@ -106,6 +118,10 @@ def _split(x, k: int):
 def _off_policy(minibatch, cfg: Config):
   """The sampler-vs-trainer correction over the whole mini-batch (core.offpolicy)."""
   a = cfg.algo
+  if "old_logp" not in minibatch and (a.is_correction != "none" or "behav_logp" in minibatch):
+    raise ValueError("train_step: an on-policy mini-batch (no 'old_logp') has no trainer "
+                     "log-probs to weigh the sampler's against; config.algo.is_correction "
+                     f"must be 'none', got {a.is_correction!r}")
   if "behav_logp" not in minibatch:
     if a.is_correction != "none":
       raise ValueError(f"config.algo.is_correction={a.is_correction!r} needs the sampler's "
@@ -156,6 +172,9 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
   n_used = jnp.max(mb["pack_micro"]) + 1
   denominator = losses.loss_denominator(mb["loss_mask"], agg=cfg.algo.loss_agg)
   if losses.MODES[cfg.algo.loss_mode].selects:
+    if "old_logp" not in mb:
+      raise ValueError(f"train_step: loss_mode {cfg.algo.loss_mode!r} selects tokens from the "
+                       "old log-probs before the update; the mini-batch needs 'old_logp'")
     key = jax.random.PRNGKey(cfg.seed) if key is None else key
     mb = dict(mb, selected=_select(params, graphdef, mb, rows_k, n_used, cfg, key, mesh))
   grad_fn = jax.value_and_grad(_objective, has_aux=True)
@@ -165,11 +184,14 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
 
   def body(carry, xs):
     (l, aux), g = jax.lax.cond(xs[0] < n_used, run, skip, *xs)
-    return (carry[0] + l, jax.tree.map(jnp.add, carry[1], g)), aux
+    per_token = {name: aux.pop(name) for name in TOKEN_KEYS if name in aux}
+    return jax.tree.map(jnp.add, carry, (l, g, per_token)), aux
 
-  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-  (loss, grads), aux = jax.lax.scan(body, zeros, (jnp.arange(k), rows_k))
-  return loss, grads, dict(_combine_aux(aux), **is_aux)
+  per_token = {n: jnp.zeros(shapes[0][1][n].shape, jnp.float32)
+               for n in TOKEN_KEYS if n in shapes[0][1]}
+  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params), per_token)
+  (loss, grads, per_token), aux = jax.lax.scan(body, zeros, (jnp.arange(k), rows_k))
+  return loss, grads, dict(_combine_aux(aux), **is_aux, **per_token)
 
 
 def train_step(state: TrainState, minibatch: dict[str, Any], *, graphdef, optimizer,

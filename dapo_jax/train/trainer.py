@@ -5,7 +5,8 @@
               -> dynamic sampling (keep 0 < #correct < G, over-generate in rounds)
     prepare   group advantages of the shaped reward -> [prompt][response] rows (overlong
               filter in the loss mask) -> each mini-batch packed (train.packing) -> old (and
-              reference) log-probs on the packed rows
+              reference) log-probs on the packed rows (none with one on-policy update a step:
+              its own forward gives them)
     update    num_minibatches jitted optimizer updates (token-level (sum, count) loss)
     sync      trainer params -> the sampler's copy
   then: health checks -> log -> eval every k steps -> checkpoint
@@ -26,7 +27,7 @@ from dapo_jax import eval as eval_lib
 from dapo_jax import metrics as metrics_lib
 from dapo_jax import rewards, sharding
 from dapo_jax.config import Config
-from dapo_jax.core import advantages, overlong
+from dapo_jax.core import advantages, loss_modes, overlong
 from dapo_jax.data.pipeline import PromptIterator, encode_prompt
 from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
@@ -34,6 +35,7 @@ from dapo_jax.train import checkpoint as ckpt_lib, checkpoint_dirs
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
 from dapo_jax.train import logprob_pass, prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
+from dapo_jax.train import train_step as train_step_lib
 from dapo_jax.train.train_step import train_step
 
 
@@ -165,8 +167,18 @@ class Prepared:
   arrays: dict              # tokens, attn_mask, loss_mask, old_logp, adv[, ref_logp], pack_*: [B, S] / [B]
   resp_mask_BxS: np.ndarray  # response tokens (before overlong filtering)
   adv_NxG: np.ndarray
-  logp_BxS: np.ndarray      # log-probs under the params that generated the batch
-  entropy_BxS: np.ndarray
+  logp_BxS: np.ndarray | None  # log-probs under the params that generated the batch (None
+  entropy_BxS: np.ndarray | None  # until the update when it computes them: `on_policy_update`)
+
+
+def on_policy_update(cfg: Config) -> bool:
+  """True when the step's one update runs at the sampling params and needs the recomputed old
+  log-probs only inside itself (no off-policy weights, no Clip-/KL-Cov selection before it):
+  the update's own forward then gives them, detached, with the entropy metric, and prepare
+  runs no log-prob pass (TRL's num_iterations = 1; train_step's module doc)."""
+  a = cfg.algo
+  return (cfg.train.num_minibatches == 1 and a.old_logp_source == "recompute"
+          and a.is_correction == "none" and not loss_modes.MODES[a.loss_mode].selects)
 
 
 def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
@@ -188,18 +200,25 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   return batch, summary
 
 
-def prepare(run: Run, batch: groups_lib.Groups) -> Prepared:
-  """Group advantages of the shaped reward, the row layout, old (and reference) log-probs."""
+def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) -> Prepared:
+  """Group advantages of the shaped reward, the row layout, old (and reference) log-probs
+  (left to the update when `on_policy_update(cfg)`, unless `separate_pass`: e.g. to measure a
+  base's entropy without updating it)."""
   a = run.cfg.algo
   adv_NxG = np.asarray(advantages.group_advantages(
       jnp.asarray(batch.reward), scale_by_std=a.adv_scale_by_std, eps=a.adv_eps))
   arrays, resp_mask = groups_lib.training_arrays(batch, adv_NxG, seq_len=run.cfg.seq_len,
                                                  overlong_filter=a.overlong_filter)
   arrays.update(logprob_pass.plans(run.cfg, arrays))  # each mini-batch's packed rows
-  logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, arrays, with_entropy=True)
+  if on_policy_update(run.cfg) and not separate_pass:
+    logp = entropy = None
+    del arrays["old_logp"]  # train_step takes them from its own forward
+  else:
+    logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, arrays,
+                                                  with_entropy=True)
   if a.is_correction != "none":  # off-policy correction weighs sampler vs trainer log-probs
     arrays["behav_logp"] = arrays["old_logp"]  # still the sampler's here
-  if a.old_logp_source == "recompute":
+  if a.old_logp_source == "recompute" and logp is not None:
     arrays["old_logp"] = logp * resp_mask
   if a.kl_coef > 0:
     arrays["ref_logp"], _ = logprob_pass.batched_logprobs(run, run.ref_params, arrays,
@@ -244,6 +263,8 @@ def rollout_step(run: Run, step_fn) -> dict:
   with timer("sync"):
     sync(run)
   step_metrics = multihost.to_host(step_metrics)  # pulled after the sync is dispatched
+  if prep.logp_BxS is None:  # on-policy: the one update's forward gave them
+    prep.logp_BxS, prep.entropy_BxS = (step_metrics[0].pop(k) for k in train_step_lib.TOKEN_KEYS)
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
   return metrics_lib.rollout_metrics(batch, prep, step_metrics, sampling_summary, timer)
