@@ -18,6 +18,7 @@ def get_config(arg=None):
   if not opts["init"]:
     c.model.source = "hf"
     c.model.hf_path = "dapo_jax/assets/tiny_base"   # relative to the repo root
+  c.model.scan_layers = False          # unrolled: updates ~15 % faster on CPU (docs/performance.md)
   c.task.difficulty = 3                # operations per problem (reasoning lines)
   c.task.max_prompt_len = 72           # tokens (the prompts are 66-70)
   c.warm_start.batch_size = 32         # sequences (used by make_base_checkpoint.py)

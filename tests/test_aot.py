@@ -36,7 +36,8 @@ def test_every_model_field_is_routed():
   assert names == routed, f"ModelCfg fields not routed to the model: {names ^ routed}"
 
 
-CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "logits_chunk": 64,
+CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "scan_layers": False,
+           "logits_chunk": 64,
            "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 2,
            "num_heads": 8, "num_kv_heads": 4, "head_dim": 16, "rope_theta": 5e5,
            "tie_word_embeddings": False, "attention_impl": "plain", "attention_chunk": 64}

@@ -110,8 +110,7 @@ class Qwen2(nnx.Module):
 
   def logits(self, h_xD):
     """LM-head logits in float32 for hidden states of any leading shape."""
-    w = self.output_weight().astype(h_xD.dtype)
-    return jnp.einsum("...d,dv->...v", h_xD, w, preferred_element_type=jnp.float32)
+    return L.dense(h_xD, self.output_weight(), out_dtype=jnp.float32)
 
   def _embed(self, tokens):
     return jnp.take(self.embed.get_value(), tokens, axis=0).astype(self.dtype)
@@ -313,8 +312,7 @@ def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1
 
   @jax.checkpoint
   def chunk(h_BxCxD, y_BxC):
-    z = jnp.einsum("bcd,dv->bcv", h_BxCxD, w_DxV.astype(h_BxCxD.dtype),
-                   preferred_element_type=jnp.float32) / temperature
+    z = L.dense(h_BxCxD, w_DxV, out_dtype=jnp.float32) / temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, y_BxC[..., None], axis=-1)[..., 0] - lse
     if not with_entropy:

@@ -124,7 +124,8 @@ def demo_fn(cfg: Config):
 SOURCE_FIELDS = ("source", "hf_path")
 ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
-RUN_FIELDS = ("dtype", "param_dtype", "remat", "logits_chunk", "attention_impl", "attention_chunk")
+RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
+              "attention_chunk")
 
 
 def run_overrides(cfg: Config, max_positions: int = 4096) -> dict:
