@@ -36,7 +36,7 @@ def test_every_model_field_is_routed():
   assert names == routed, f"ModelCfg fields not routed to the model: {names ^ routed}"
 
 
-CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "scan_layers": False,
+CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "scan_layers": True,
            "logits_chunk": 64,
            "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 2,
            "num_heads": 8, "num_kv_heads": 4, "head_dim": 16, "rope_theta": 5e5,
@@ -57,6 +57,8 @@ def test_hf_source_run_field_reaches_model(field):
   hf = hf_io.read_config(setup.resolve_path("dapo_jax/assets/tiny_base"))
   got = setup.model_config(_cfg(**{f"model.{field}": CHANGED[field]}), 0, hf)
   assert getattr(got, field) == CHANGED[field]
+  # The config's own value wins too (tiny_cpu's scan_layers=False over the loader's True).
+  assert getattr(setup.model_config(_cfg(), 0, hf), field) == getattr(_cfg().model, field)
   assert got.hidden_size == hf.hidden_size  # the architecture stays the checkpoint's
 
 
