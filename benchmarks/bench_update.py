@@ -10,7 +10,6 @@ updates; `tok_per_s` = batch x seq / the median update time (in `F` with the log
 rate). `--scan_layers` picks the model's layer loop (ModelConfig.scan_layers) for A/B runs.
 """
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -51,25 +50,24 @@ def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
   c.optim.lr, c.optim.warmup_steps, c.warm_start.steps = 1e-6, 0, 0
   for item in model_overrides:  # "attention_chunk=256": A/B runs of a config.model run field
     key, value = item.split("=", 1)
-    c.model[key] = type(c.model[key])(value)
+    kind = type(c.model[key])
+    if kind is bool and value not in ("True", "False"):
+      raise ValueError(f"--model_override {item!r}: {key} takes True or False")
+    c.model[key] = value == "True" if kind is bool else kind(value)
   return config_lib.parse(c)
 
 
 def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: int = 16,
               micro_batch: int | None = None, model_overrides=()):
-  """trainer.build on the benchmark config; `scan_layers` (None: the model's default) swaps
-  the layer loop of the trainer's graph for an A/B run."""
+  """trainer.build on the benchmark config; `scan_layers` (None: the config's) sets
+  config.model.scan_layers, the layer loop, for an A/B run."""
   import tempfile  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
   from dapo_jax.train import trainer  # pylint: disable=g-import-not-at-top
+  if scan_layers is not None:
+    model_overrides = (*model_overrides, f"scan_layers={scan_layers}")
   cfg = bench_config(model_dir, rows=rows, seq=seq, group=min(group, rows),
                      micro_batch=micro_batch, model_overrides=model_overrides)
-  run = trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
-  if scan_layers is not None:
-    model = nnx.merge(run.graphdef, run.state.params)
-    model.cfg = dataclasses.replace(model.cfg, scan_layers=scan_layers)
-    run.graphdef = nnx.graphdef(model)
-  return run
+  return trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
 
 
 def random_rows(vocab: int, rows: int, seq: int, seed: int = 0) -> dict:
@@ -108,8 +106,8 @@ def run(args) -> dict:
   return dict(side="dapo_jax update", tok_per_s=tokens / s["median"], update_s=s,
               cpu_s=common.summary(cpu[1:]),
               logprob_tok_per_s=tokens / lp["median"], logprob_s=lp,
-              scan_layers=r.model_config.scan_layers if args.scan_layers is None
-              else args.scan_layers, loadavg_before=load0, loadavg_after=common.loadavg(),
+              scan_layers=r.model_config.scan_layers, loadavg_before=load0,
+              loadavg_after=common.loadavg(),
               skipped=float(m["skipped"]),
               setting=dict(batch=args.batch, seq=args.seq, micro_batch=args.micro_batch),
               model_overrides=list(args.model_override))

@@ -120,8 +120,9 @@ def _off_policy(minibatch, cfg: Config):
   a = cfg.algo
   if "old_logp" not in minibatch and (a.is_correction != "none" or "behav_logp" in minibatch):
     raise ValueError("train_step: an on-policy mini-batch (no 'old_logp') has no trainer "
-                     "log-probs to weigh the sampler's against; config.algo.is_correction "
-                     f"must be 'none', got {a.is_correction!r}")
+                     "log-probs to weigh the sampler's ('behav_logp') against; needs "
+                     f"config.algo.is_correction='none' (got {a.is_correction!r}) and no "
+                     "'behav_logp'")
   if "behav_logp" not in minibatch:
     if a.is_correction != "none":
       raise ValueError(f"config.algo.is_correction={a.is_correction!r} needs the sampler's "
