@@ -1,5 +1,6 @@
 """Checkpoint and log faults injected one at a time: damaged steps, a save that cannot fit, a full
 disk during a save, and a metrics log cut back to its checkpoint."""
+import gc
 import json
 import os
 import signal
@@ -17,6 +18,18 @@ from dapo_jax import metrics as metrics_lib
 from dapo_jax.train import checkpoint as ckpt_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _finalize_abandoned_reads():
+  """Collects at each test's end what a refused restore leaves behind.
+
+  A restore that fails part-way leaves orbax's unfinished read coroutines for the garbage
+  collector. Left alone, their finalizers ran during a later test's lazy `import gguf` in the
+  same worker, and CPython 3.11's import lock table broke (`KeyError` in `_ModuleLock`): a test
+  that had nothing to do with checkpoints failed once in CI."""
+  yield
+  gc.collect()
 
 
 class _Usage:

@@ -55,9 +55,9 @@ def find_smollm2_gguf() -> Path:
 
 
 def open_gguf(path):
-  import gguf  # pylint: disable=g-import-not-at-top  (an optional dependency)
   if not Path(path).is_file():
     raise FileNotFoundError(f"--gguf: {path} is not a file")
+  import gguf  # pylint: disable=g-import-not-at-top  (an optional dependency)
   try:
     return gguf.GGUFReader(str(path))
   except (ValueError, OSError) as e:
