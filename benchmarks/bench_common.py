@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmarks: the model sizes, a random HF model directory, the load
-average, the JSON result and the summary statistics.
+"""Shared pieces of the benchmarks: the model sizes, a random HF model directory, the host, the
+load average, the JSON result and the summary statistics.
 
 Every benchmark script measures ONE side in its own process (JAX never shares a process with
 torch: their thread pools fight for the cores). `run_all.py` runs the scripts one after another.
@@ -20,6 +20,25 @@ MODELS = {
 def loadavg() -> float:
   """The 1-minute load average (other jobs on the machine make every figure noisier)."""
   return os.getloadavg()[0]
+
+
+def host() -> dict:
+  """The CPU these figures came from: model name, core count and the vector extensions that set
+  the matmul rate (hosts of the same machine kind differ, and peers gain or lose unevenly)."""
+  info = {"cpus": os.cpu_count(), "model": "unknown", "flags": []}
+  try:
+    with open("/proc/cpuinfo") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return info
+  for line in lines:
+    key, _, value = line.partition(":")
+    if key.strip() == "model name" and info["model"] == "unknown":
+      info["model"] = value.strip()
+    elif key.strip() == "flags" and not info["flags"]:
+      info["flags"] = sorted(x for x in value.split()
+                             if x.startswith(("avx512", "amx")) or x in ("avx2", "fma"))
+  return info
 
 
 def make_model_dir(size: str, path: str, *, max_positions: int = 1024, seed: int = 0) -> str:

@@ -71,7 +71,8 @@ def main():
   ap.add_argument("--json")
   args = ap.parse_args()
   os.makedirs(args.workdir, exist_ok=True)
-  result = {"loadavg_before": common.loadavg()}
+  result = {"host": common.host(), "loadavg_before": common.loadavg()}
+  print(f"host: {result['host']['model']}, {result['host']['cpus']} CPUs", flush=True)
   for size in args.models.split(","):
     model_dir = os.path.join(args.workdir, size)
     if not os.path.exists(os.path.join(model_dir, "config.json")):
