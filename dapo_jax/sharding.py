@@ -6,7 +6,6 @@ the parallelism, not the model code.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Mapping, Sequence
 
@@ -15,9 +14,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dapo_jax.models.qwen2 import CACHE_AXES, Qwen2
-
-MESH_AXES = ("data", "fsdp", "tensor")
+# Logical names of one KV-cache array [L, B, S, Kv, Hd] (the dense decode cache and prefixes).
+CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 # Logical name -> mesh axis (or tuple of axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -109,28 +107,6 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
   return jax.tree.map(to_sharding, nnx.state(model), is_leaf=_is_var)
 
 
-def create_sharded_model(cfg, mesh: Mesh, *, rules=DEFAULT_RULES, seed: int = 0):
-  """Initialises a Qwen2 directly into its shardings: no unsharded copy ever exists."""
-  graphdef, init = _sharded_init(cfg, mesh, _freeze(rules))
-  return nnx.merge(graphdef, init(jax.random.key(seed)))
-
-
-def _freeze(rules):
-  """Rules as a hashable tuple of (name, axis or tuple of axes) pairs."""
-  items = rules.items() if isinstance(rules, Mapping) else rules
-  return tuple((name, tuple(ax) if isinstance(ax, list) else ax) for name, ax in items)
-
-
-@functools.lru_cache(maxsize=16)
-def _sharded_init(cfg, mesh, rules):
-  """(graphdef, jitted key -> sharded state), cached so repeated calls do not recompile."""
-  abstract = nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
-  shardings = model_shardings(abstract, mesh, rules)
-  init = jax.jit(lambda key: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(key))),
-                 out_shardings=shardings)
-  return nnx.graphdef(abstract), init
-
-
 def data_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
   """Sharding of [B, ...] batch arrays: B over the mesh axes of logical `batch`."""
   return logical_to_mesh_sharding(("batch",), mesh, rules)
@@ -140,12 +116,3 @@ def cache_sharding(mesh: Mesh, cache_shape: Sequence[int], rules=DEFAULT_RULES
                    ) -> NamedSharding:
   """Sharding of one KV-cache array [L, B, S, Kv, Hd] (slots over `batch`)."""
   return logical_to_mesh_sharding(CACHE_AXES, mesh, rules, shape=cache_shape)
-
-
-def per_device_bytes(tree) -> dict:
-  """Bytes of the addressable shards of every array in `tree`, per device."""
-  out: dict = {}
-  for leaf in jax.tree.leaves(tree):
-    for shard in leaf.addressable_shards:
-      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
-  return out

@@ -7,6 +7,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from dapo_jax import sharding as S
+from dapo_jax.models.sharded import create_sharded_model
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.qwen2 import Qwen2, token_logprobs
 
@@ -54,7 +55,7 @@ def test_logical_rules():
 
 def test_create_sharded_model_matches_eager_init_and_rules():
   mesh = S.make_mesh(MESHES["(2,4)"])
-  model = S.create_sharded_model(CFG, mesh, seed=3)
+  model = create_sharded_model(CFG, mesh, seed=3)
   eager = Qwen2(CFG, rngs=nnx.Rngs(3))
   state, ref = nnx.state(model), nnx.state(eager)
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref)):
@@ -67,7 +68,7 @@ def test_create_sharded_model_matches_eager_init_and_rules():
   # Swapping the table (here: pure FSDP, as a dict) changes the parallelism, not the model.
   fsdp_only = {**dict(S.DEFAULT_RULES), "vocab": None, "heads": None, "kv_heads": None,
                "mlp": None}
-  state2 = nnx.state(S.create_sharded_model(CFG, mesh, rules=fsdp_only, seed=3))
+  state2 = nnx.state(create_sharded_model(CFG, mesh, rules=fsdp_only, seed=3))
   assert state2["layers"]["wq"].sharding.spec == P(None, "fsdp", None, None)
   assert state2["embed"].sharding.spec == P(None, "fsdp")
   np.testing.assert_array_equal(state2["embed"], state["embed"])
@@ -147,7 +148,7 @@ def test_per_device_parameter_bytes_divide_as_rules_say():
   cfg = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4,
                     num_heads=8, num_kv_heads=4, head_dim=32)
   mesh = S.make_mesh({"fsdp": 2, "tensor": 4})
-  model = S.create_sharded_model(cfg, mesh)
+  model = create_sharded_model(cfg, mesh)
   # Hand-derived from DEFAULT_RULES on fsdp=2 x tensor=4: matrices split 8 ways
   # (embed->fsdp, vocab/heads/kv_heads/mlp->tensor), biases 4 ways, norms replicated.
   divisor = {"embed": 8, "lm_head": 8, "final_norm": 1, "attn_norm": 1, "mlp_norm": 1,
@@ -156,7 +157,10 @@ def test_per_device_parameter_bytes_divide_as_rules_say():
   flat = nnx.to_flat_state(nnx.state(model))
   expected = sum(v.get_value().nbytes // divisor[path[-1]] for path, v in flat)
   total = sum(v.get_value().nbytes for _, v in flat)
-  per_device = S.per_device_bytes(nnx.state(model))
+  per_device = {}
+  for leaf in jax.tree.leaves(nnx.state(model)):
+    for shard in leaf.addressable_shards:
+      per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
   print(f"\nparams {total / 2**20:.2f} MiB; per device (fsdp=2 x tensor=4): "
         + ", ".join(f"{d.id}: {b / 2**20:.3f} MiB" for d, b in sorted(
             per_device.items(), key=lambda kv: kv[0].id)))

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from dapo_jax import sharding
+from dapo_jax.models import sharded
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.rollout.sampler import make_sampler
 from dapo_jax.rollout.transfer import transfer_params
@@ -17,7 +18,7 @@ CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layer
 
 def _trainer_params(seed=0):
   mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
-  return nnx.state(sharding.create_sharded_model(CFG, mesh, seed=seed), nnx.Param)
+  return nnx.state(sharded.create_sharded_model(CFG, mesh, seed=seed), nnx.Param)
 
 
 def test_transfer_equals_host_path(cpu_devices):

@@ -21,6 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dapo_jax import sharding
 from dapo_jax.models.config import ATTENTION_IMPLS as IMPLS
 _MASKED = -1e30
 _F32 = jnp.float32
@@ -177,7 +178,6 @@ def _splash_local(q, k, v, q_seg, kv_seg):
 
 def splash_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh):
   """`blocked_attend`'s maths by the Pallas splash kernel, one call per (batch, head) shard."""
-  from dapo_jax import sharding  # pylint: disable=g-import-not-at-top  (imports the model)
   t = q_BxTxHxK.shape[1]
   pad = -t % 128
   tp = ((0, 0), (0, pad), (0, 0), (0, 0))

@@ -17,10 +17,9 @@ from dapo_jax.models import decode as decode_lib
 from dapo_jax.models import layers as L
 from dapo_jax.models.config import ModelConfig
 
-__all__ = ["ModelConfig", "Qwen2", "token_logprobs", "CACHE_AXES", "default_positions"]
+__all__ = ["ModelConfig", "Qwen2", "token_logprobs", "default_positions"]
 
 # Logical axes of each KV-cache array [L, B, S, Kv, Hd].
-CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))

@@ -12,7 +12,6 @@ from jax.sharding import PartitionSpec as P
 
 from dapo_jax import sharding as sharding_lib
 from dapo_jax.models import paged as paged_lib
-from dapo_jax.models.qwen2 import CACHE_AXES
 
 
 @flax.struct.dataclass
@@ -106,7 +105,7 @@ def decode_state_shardings(mesh, *, cache_shape, vocab_size: int,
 
 def prefix_shardings(mesh, *, cache_shape) -> Prefix:
   """Prefixes are replicated over the batch axes, so any slot can take any prefix locally."""
-  names = (CACHE_AXES[0], None) + tuple(CACHE_AXES[2:])
+  names = (sharding_lib.CACHE_AXES[0], None) + tuple(sharding_lib.CACHE_AXES[2:])
   cache_s = sharding_lib.logical_to_mesh_sharding(names, mesh, shape=cache_shape)
   rep = NamedSharding(mesh, P())
   return Prefix(cache={"k": cache_s, "v": cache_s}, logits_NpxV=rep, lengths_Np=rep)

@@ -9,7 +9,7 @@ from dapo_jax import sharding
 from dapo_jax.config import Config
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
-from dapo_jax.models import hf_io
+from dapo_jax.models import hf_io, sharded
 from dapo_jax.models.config import ModelConfig
 
 _EVAL_SETS = ("aime_2024", "aime_2025", "amc_2023", "math_500")
@@ -159,7 +159,7 @@ def build_model(cfg: Config, mesh, tokenizer):
         f: getattr(mcfg, f) for f in (*RUN_FIELDS, "max_position_embeddings")})
   else:
     mcfg = model_config(cfg, vocab)
-    model = sharding.create_sharded_model(mcfg, mesh, seed=cfg.seed)
+    model = sharded.create_sharded_model(mcfg, mesh, seed=cfg.seed)
   if mcfg.vocab_size < vocab:
     raise ValueError(f"config.model.vocab_size: {mcfg.vocab_size} < tokenizer vocabulary {vocab}")
   return model, mcfg
