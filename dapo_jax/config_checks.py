@@ -13,8 +13,9 @@ from dapo_jax.data.synthetic import MAX_DIFFICULTY
 from dapo_jax.data.testbed import DEMO_KNOBS
 
 if TYPE_CHECKING:  # dapo_jax.config imports this module
-  from dapo_jax.config import (AlgoCfg, Config, EvalCfg, ModelCfg, OptimCfg, RolloutCfg,
-                               TaskCfg, WarmStartCfg)
+  from dapo_jax.config import Config
+  from dapo_jax.config_sections import (AlgoCfg, EvalCfg, ModelCfg, OptimCfg, RolloutCfg,
+                                        TaskCfg, WarmStartCfg)
 
 
 def _require(ok: bool, where: str, msg: str):
