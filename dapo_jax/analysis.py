@@ -1,7 +1,9 @@
-"""Reading sweep logs for the ablation notebook: runs, per-rung statistics, verdicts.
+"""Reading sweep logs for the ablation notebook: runs, per-run endpoints, claims and verdicts.
 
 A sweep directory holds one sub-directory per run (<name>_s<seed>) with metrics.jsonl (one JSON
 record per rollout step, kind "train", and per evaluation, kind "eval") and results.json.
+The tests themselves (t intervals and p-values, Holm's correction, power) are in
+analysis_stats.py; a claim's verdict is read from its Holm-adjusted p within its family.
 """
 import dataclasses
 import json
@@ -11,9 +13,8 @@ import re
 
 import numpy as np
 
-# Two-sided 97.5 % Student-t quantiles for small seed counts (df = n - 1).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228}
+from dapo_jax.analysis_stats import (  # noqa: F401  (VERDICTS, holm, power_t re-exported)
+    ALPHA, NAN, VERDICTS, TTest, holm, one_sample_t, power_t, seeds_needed, verdict, welch_t)
 
 
 @dataclasses.dataclass
@@ -76,14 +77,8 @@ def load_runs(root: str) -> dict[str, RunLog]:
 
 def mean_ci(values) -> tuple[float, float, int]:
   """(mean, half-width of the 95 % t interval, n) over seeds; half-width nan for n < 2."""
-  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
-  n = x.size
-  if n == 0:
-    return float("nan"), float("nan"), 0
-  if n == 1:
-    return float(x[0]), float("nan"), 1
-  t = _T975.get(n - 1, 1.96)
-  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(n)), n
+  t = one_sample_t(values)
+  return t.diff, t.half, t.n
 
 
 def by_group(runs: dict[str, RunLog]) -> dict[str, list[RunLog]]:
@@ -102,65 +97,99 @@ def tail_mean(run: RunLog, key: str, frac: float = 0.34) -> float | None:
   return float(v[-k:].mean())
 
 
-def compare(a: list[float], b: list[float]) -> tuple[float, float, str]:
-  """Difference of means a − b with a Welch 95 % interval, and a one-word reading of it."""
-  a = np.asarray([x for x in a if x is not None], np.float64)
-  b = np.asarray([x for x in b if x is not None], np.float64)
-  if a.size < 2 or b.size < 2:
-    return float("nan"), float("nan"), "insufficient"
-  d = a.mean() - b.mean()
-  va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-  se = math.sqrt(va + vb)
-  if se == 0:
-    return float(d), 0.0, ("higher" if d > 0 else "lower" if d < 0 else "equal")
-  dof = (va + vb) ** 2 / ((va ** 2) / (a.size - 1) + (vb ** 2) / (b.size - 1))
-  half = _T975.get(int(max(1, min(10, math.floor(dof)))), 1.96) * se
-  word = "higher" if d - half > 0 else "lower" if d + half < 0 else "overlapping"
-  return float(d), float(half), word
+def run_mean(run: RunLog, key: str) -> float | None:
+  """Mean of a train metric over every step (whole-run training accuracy: gen_accuracy)."""
+  _, v = run.series(key)
+  return float(v.mean()) if v.size else None
 
 
-def compare_paired(a: dict, b: dict) -> tuple[float, float, str]:
-  """Mean of per-seed differences a[s] − b[s] with a 95 % t interval, and its reading.
+def slope(run: RunLog, key: str) -> float | None:
+  """Least-squares slope of a train metric against the step (per rollout step): its trend."""
+  s, v = run.series(key)
+  if v.size < 2:
+    return None
+  return float(np.polyfit(s.astype(np.float64), v, 1)[0])
 
-  Runs with the same seed share the eval problems and the prompt order, so pairing removes
-  most of the between-seed variance. Falls back to `compare` when the seeds do not match.
-  """
+
+def largest_drop(run: RunLog, key: str) -> float | None:
+  """The largest step-to-step fall of a train metric, max_t (v[t-1] − v[t]) (negative when it
+  only rises): how sharply it can drop, the stability Fig. 5b reads for entropy."""
+  _, v = run.series(key)
+  return float(np.max(v[:-1] - v[1:])) if v.size >= 2 else None
+
+
+def budget_mean(run: RunLog, key: str, *, tokens: float) -> float | None:
+  """run_mean over the steps taken before the run's generated tokens (cumulative gen_tokens)
+  exceed `tokens`: the run read at another run's generation budget (compute-matched)."""
+  s_tok, tok = run.series("gen_tokens")
+  s_key, v = run.series(key)
+  if tok.size == 0 or v.size == 0 or not np.array_equal(s_tok, s_key):
+    return None
+  n = int(np.sum(np.cumsum(tok) <= tokens))
+  return float(v[:n].mean()) if n else None
+
+
+def paired_test(a: dict, b: dict | None) -> TTest:
+  """a − b over seeds ({seed: value}): the paired t test when both hold the same seeds (runs
+  with one seed share the eval problems and the prompt order), Welch's otherwise; b None
+  tests a's values against 0."""
+  if b is None:
+    return one_sample_t(list(a.values()))
   seeds = sorted(k for k in a if k in b and a[k] is not None and b[k] is not None)
-  if len(seeds) < 2 or len(seeds) != len(a) or len(seeds) != len(b):
-    return compare(list(a.values()), list(b.values()))
-  d, half, _ = mean_ci([a[s] - b[s] for s in seeds])
-  if half != half:  # nan
-    return d, half, "insufficient"
-  word = "higher" if d - half > 0 else "lower" if d + half < 0 else "overlapping"
-  return d, half, word
+  if len(seeds) >= 2 and len(seeds) == len(a) == len(b):
+    return one_sample_t([a[s] - b[s] for s in seeds])
+  return welch_t(list(a.values()), list(b.values()))
 
 
-VERDICTS = ("reproduced", "refuted", "inconclusive")
+def claim_record(claim: str, metric: str, a: str, b: str | None, values_a: dict,
+                 values_b: dict | None, expected: str, *, family: str) -> dict:
+  """One row of verdicts.json before its family's correction (adjust_family adds p_adj, the
+  verdict and the seeds needed): a − b over seeds (b None: a against 0), the unadjusted 95 %
+  interval and two-sided p, for a claim that expects a to be `expected` than b."""
+  if expected not in ("higher", "lower"):
+    raise ValueError(f"claim_record {claim!r}: expected must be 'higher' or 'lower', "
+                     f"got {expected!r}")
+  t = paired_test(values_a, values_b)
+  return {"claim": claim, "family": family, "metric": metric, "a": a, "b": b,
+          "expected": expected, "diff": t.diff, "ci_low": t.diff - t.half,
+          "ci_high": t.diff + t.half, "p": t.p, "sd_diff": t.sd, "seeds": t.n,
+          "paired": t.paired}
 
 
-def verdict(word: str, expected: str) -> str:
-  """'reproduced' when the interval excludes 0 in the paper's direction, 'refuted' when it
-  excludes 0 the other way, 'inconclusive' otherwise (including too few seeds)."""
-  if word == expected:
-    return "reproduced"
-  if word in ("higher", "lower"):
-    return "refuted"
-  return "inconclusive"
+def adjust_family(records: list[dict], *, alpha: float = ALPHA) -> list[dict]:
+  """The records with, within each family: p_adj (Holm), the verdict read from p_adj, and
+  seeds_needed_80, the seeds a paired t test needs for 80 % power at alpha / m (m the family's
+  size: the level Holm holds the family's smallest p to) for the observed mean difference and
+  sd of the differences; seeds_needed_80_raw is the same at alpha unadjusted."""
+  out = [dict(r) for r in records]
+  families: dict[str, list[int]] = {}
+  for i, r in enumerate(out):
+    families.setdefault(r["family"], []).append(i)
+  for idx in families.values():
+    alpha_plan = alpha / len(idx)
+    for i, p_adj in zip(idx, holm([out[i]["p"] for i in idx])):
+      r = out[i]
+      effect = _effect(r["diff"], r["sd_diff"]) if r["paired"] else NAN
+      r.update(p_adj=p_adj, alpha_plan=alpha_plan,
+               verdict=verdict(diff=r["diff"], p_adj=p_adj, expected=r["expected"], alpha=alpha),
+               seeds_needed_80=seeds_needed(effect=effect, alpha=alpha_plan),
+               seeds_needed_80_raw=seeds_needed(effect=effect, alpha=alpha))
+  return out
 
 
-def claim_record(claim: str, metric: str, a: str, b: str, values_a: dict, values_b: dict,
-                 expected: str) -> dict:
-  """One row of verdicts.json: the paired difference a − b over seeds, its 95 % interval and
-  the verdict for a claim that expects a to be `expected` ("higher" | "lower") than b."""
-  d, half, word = compare_paired(values_a, values_b)
-  seeds = sorted(s for s in values_a if s in values_b)
-  return {"claim": claim, "metric": metric, "a": a, "b": b, "diff": d,
-          "ci_low": d - half, "ci_high": d + half, "seeds": len(seeds),
-          "verdict": verdict(word, expected)}
+def _effect(diff: float, sd: float) -> float:
+  """The standardized mean difference diff / sd (inf when every difference is the same)."""
+  if not (math.isfinite(diff) and math.isfinite(sd)):
+    return NAN
+  return diff / sd if sd > 0 else (math.inf if diff else 0.0)
 
 
 def write_verdicts(records: list[dict], path: str):
-  """verdicts.json: the records above as a JSON list (NaN written as null)."""
+  """verdicts.json: the adjusted records as a JSON list (NaN written as null)."""
+  missing = [r["claim"] for r in records if "p_adj" not in r]
+  if missing:
+    raise ValueError(f"write_verdicts: records not adjusted within their family (run "
+                     f"adjust_family first): {missing}")
   clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in r.items()} for r in records]
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -247,6 +247,10 @@ def main(argv=None):
       rows[run.name] = _summary_row(run, "skipped", None)
     else:
       pending.append(run)
+  resume = sum(r.status() == "interrupted" for r in pending)
+  print(f"[launch] skipped {len(runs) - len(pending)} finished run(s) (results.json in "
+        f"{workdir}); {len(pending)} to run, {resume} of them resumed", flush=True,
+        file=sys.stderr if args.dry_run else sys.stdout)  # a dry run's stdout: commands only
 
   if args.backend == "tpu-pod":
     if not (args.dry_run or args.skip_aot_check):

@@ -57,3 +57,17 @@ def test_bad_arguments(tmp_path):
     launch.main(["--config=configs/ladder.py", f"--workdir={tmp_path}", "--only=nope"])
   with pytest.raises(ValueError, match="unknown sweep"):
     launch.main(["--config=configs/ladder.py", "--sweep=bogus", f"--workdir={tmp_path}"])
+
+
+def test_rerun_says_how_many_it_skipped(tmp_path, capsys):
+  runs = launch.expand("configs/ladder.py", "ladder", str(tmp_path))
+  for run in runs[:2]:  # two finished, one interrupted, 27 new
+    os.makedirs(run.workdir)
+    with open(os.path.join(run.workdir, "results.json"), "w", encoding="utf-8") as f:
+      f.write('{"steps": 30}')
+  os.makedirs(os.path.join(runs[2].workdir, "checkpoints", "10"))
+  assert launch.main(["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={tmp_path}",
+                      "--dry_run"]) == 0
+  out, err = capsys.readouterr()
+  assert "[launch] skipped 2 finished run(s)" in err and "28 to run, 1 of them resumed" in err
+  assert len(out.strip().splitlines()) == 28  # the commands of the runs left, nothing else

@@ -1,6 +1,7 @@
 """CI executes the ablation notebook on the committed sweep logs: no cell may error, every
-verdict line must be one of the three verdicts, and each verdict must be what the committed logs
-say, recomputed here from the raw files (not through dapo_jax.analysis)."""
+verdict line must be one of the three verdicts, and each record of verdicts.json — its
+difference, raw p, Holm-adjusted p within its family and verdict — must be what the committed
+logs say, recomputed here from the raw files (not through dapo_jax.analysis)."""
 import json
 import math
 import os
@@ -9,15 +10,13 @@ import re
 import nbformat
 import numpy as np
 import pytest
+from scipy import stats
 from nbclient import NotebookClient
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "notebooks", "ablations.ipynb")
 RESULTS = os.path.join(REPO, "experiments", "results")
 VERDICT_LINE = re.compile(r"^    (\S+) − (\S+) on (\S+): .* -> (\S+)$")
-# Two-sided 95 % Student-t quantiles from a printed table (df -> t), for the oracle below.
-T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-           9: 2.262}
 
 
 def _execute(tmp_path):
@@ -36,34 +35,67 @@ def _execute(tmp_path):
   return nb
 
 
-def _raw_value(run_dir, metric, tail):
-  """The claim's per-seed number straight from the files: the final eval's metric, or the mean
-  of a train metric over the last third (34 %, rounded) of the logged steps."""
-  if not tail:
-    with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as f:
-      return float(json.load(f)["after"][metric])
+def _train(run_dir, key):
   with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
     recs = sorted((json.loads(ln) for ln in f), key=lambda r: r["step"])
-  v = [r[metric] for r in recs if r["kind"] == "train" and isinstance(r.get(metric), float)]
-  k = max(1, int(round(0.34 * len(v))))
-  return float(np.mean(v[-k:]))
+  recs = [r for r in recs if r["kind"] == "train" and isinstance(r.get(key), float)]
+  return np.array([r["step"] for r in recs], float), np.array([r[key] for r in recs])
 
 
-def _oracle(a, b, metric, expected):
-  tail = not metric.startswith(("avg@", "pass@", "maj@"))
-  seeds = sorted(int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(RESULTS, "ladder"))
-                 if n.rsplit("_s", 1)[0] == a)
-  d = np.array([_raw_value(os.path.join(RESULTS, "ladder", f"{a}_s{s}"), metric, tail)
-                - _raw_value(os.path.join(RESULTS, "ladder", f"{b}_s{s}"), metric, tail)
-                for s in seeds])
-  half = T_TABLE[len(d) - 1] * d.std(ddof=1) / math.sqrt(len(d))
-  lo, hi = d.mean() - half, d.mean() + half
-  sign = 1 if expected == "higher" else -1
-  if sign * lo > 0 and sign * hi > 0:
-    return d.mean(), "reproduced"
-  if sign * lo < 0 and sign * hi < 0:
-    return d.mean(), "refuted"
-  return d.mean(), "inconclusive"
+def _raw_value(sweep, run, metric):
+  """A run's number for a claim straight from the files, per the notebook's endpoint names."""
+  run_dir = os.path.join(RESULTS, sweep, run)
+  key, _, endpoint = metric.partition(":")
+  if not endpoint:  # the held-out eval after training
+    with open(os.path.join(run_dir, "results.json"), encoding="utf-8") as f:
+      return float(json.load(f)["after"][key])
+  steps, v = _train(run_dir, key)
+  if endpoint == "tail":  # the last third (34 %, rounded) of the logged steps
+    return float(np.mean(v[-max(1, int(round(0.34 * len(v)))):]))
+  if endpoint == "run_mean":
+    return float(np.mean(v))
+  if endpoint == "slope":  # least squares by the normal equations
+    x = steps - steps.mean()
+    return float(np.sum(x * (v - v.mean())) / np.sum(x * x))
+  if endpoint == "largest_drop":
+    return float(max(v[i - 1] - v[i] for i in range(1, len(v))))
+  if endpoint == "budget_mean":  # dapo's steps within the same seed's token_level total
+    seed = run.rsplit("_s", 1)[1]
+    budget = _train(os.path.join(RESULTS, sweep, f"token_level_s{seed}"), "gen_tokens")[1].sum()
+    n = int(np.sum(np.cumsum(_train(run_dir, "gen_tokens")[1]) <= budget))
+    return float(np.mean(v[:n]))
+  raise AssertionError(f"unknown endpoint {endpoint!r}")
+
+
+def _oracle(rec):
+  """(mean difference, raw p) of a record, from the raw files and scipy's own t tests."""
+  sweep = rec["family"].removesuffix("_secondary")  # a family is named after its directory
+  seeds = sorted(int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(RESULTS, sweep))
+                 if n.rsplit("_s", 1)[0] == rec["a"])
+  a = np.array([_raw_value(sweep, f"{rec['a']}_s{s}", rec["metric"]) for s in seeds])
+  if rec["b"] is None:
+    return a.mean(), stats.ttest_1samp(a, 0.0).pvalue
+  b_metric = "gen_accuracy:run_mean" if rec["metric"].endswith("budget_mean") else rec["metric"]
+  b = np.array([_raw_value(sweep, f"{rec['b']}_s{s}", b_metric) for s in seeds])
+  return (a - b).mean(), stats.ttest_rel(a, b).pvalue
+
+
+def _holm(p):
+  """Holm's step-down procedure written out: the k-th smallest p (k = 1..m) times m - k + 1,
+  each at least the one before it, at most 1."""
+  order = sorted(range(len(p)), key=lambda i: p[i])
+  out, running = [0.0] * len(p), 0.0
+  for k, i in enumerate(order):
+    running = max(running, min(1.0, (len(p) - k) * p[i]))
+    out[i] = running
+  return out
+
+
+def _power(effect, n, alpha):
+  """P(|T| > t_crit) of the two-sided paired t test, T ~ noncentral t(n - 1, effect * sqrt(n))."""
+  crit = stats.t.isf(alpha / 2, n - 1)
+  dist = stats.nct(n - 1, effect * math.sqrt(n))
+  return dist.sf(crit) + dist.cdf(-crit)
 
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(RESULTS, "ladder")),
@@ -74,15 +106,25 @@ def test_ablations_notebook_verdicts_match_the_logs(tmp_path):
                    for o in c.get("outputs", []))
   assert "ladder runs" in text
   lines = [m.groups() for m in map(VERDICT_LINE.match, text.splitlines()) if m]
-  assert len(lines) == 9, f"expected 9 claims, got {len(lines)}"
   rows = json.loads((tmp_path / "verdicts.json").read_text())
-  assert [(r["a"], r["b"], r["metric"], r["verdict"]) for r in rows] == lines
-  for r in rows:
-    assert r["verdict"] in ("reproduced", "refuted", "inconclusive"), r
-    expected = "lower" if "restrains" in r["claim"] else "higher"
-    diff, want = _oracle(r["a"], r["b"], r["metric"], expected)
-    assert r["diff"] == pytest.approx(diff, abs=1e-9), r["claim"]
-    assert r["verdict"] == want, r["claim"]
+  assert [(r["a"], r["b"] or "0", r["metric"], r["verdict"]) for r in rows] == lines
+  assert sum(r["family"] == "ladder" for r in rows) == 9, "the nine ladder claims"
+  for family in {r["family"] for r in rows}:
+    members = [r for r in rows if r["family"] == family]
+    want_adj = _holm([_oracle(r)[1] for r in members])
+    for r, p_adj in zip(members, want_adj):
+      diff, p = _oracle(r)
+      assert r["diff"] == pytest.approx(diff, abs=1e-9), r["claim"]
+      assert r["p"] == pytest.approx(p, rel=1e-6), r["claim"]
+      assert r["p_adj"] == pytest.approx(p_adj, rel=1e-6), r["claim"]
+      sign = 1 if r["expected"] == "higher" else -1
+      want = ("inconclusive" if p_adj >= 0.05 else
+              "reproduced" if sign * diff > 0 else "refuted")
+      assert r["verdict"] == want, r["claim"]
+      n = r["seeds_needed_80"]  # the smallest n with 80 % power at alpha / m (noncentral t)
+      effect = diff / r["sd_diff"]
+      assert _power(effect, n, 0.05 / len(members)) >= 0.8, r["claim"]
+      assert n == 2 or _power(effect, n - 1, 0.05 / len(members)) < 0.8, r["claim"]
   figures = sum(o.get("output_type") == "display_data" for c in nb.cells
                 for o in c.get("outputs", []))
-  assert figures >= 6, f"expected the ladder, Fig. 2-5, Fig. 7 and sweep figures, got {figures}"
+  assert figures >= 7, f"expected the ladder, Fig. 2-5, Fig. 7, trajectory and sweep figures, got {figures}"
