@@ -31,11 +31,24 @@ COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mod
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
+COMMAND (the pilots for the paper's update schedule: the DAPO rung on base testbed16 at each
+  PILOT_LRS learning rate x PILOT_SEEDS; read clipfrac_upper and the group shares):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
+      --workdir=runs/pilot16 --sweep=pilot16
+COMMAND (the campaign on base testbed16: the six rungs and the compute-matched arm x SEEDS16,
+  seed-major, so a campaign cut short stays paired; re-running it skips finished runs):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
+      --workdir=runs/ladder16 --sweep=ladder16
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
 
-Options (`:key=value,...`): rung (above), base (testbed | tiny | qwen25_32b), seed.
+Options (`:key=value,...`): rung (above, or token_level_matched), base (testbed | testbed16 |
+tiny | qwen25_32b), seed. testbed16 is the testbed on the paper's update schedule: 16 optimizer
+updates per rollout step (1 prompt x G = 16 responses each), the learning rate LR16, and the
+later warm-start snapshot BASE16, whose easiest level has all-correct groups before any RL.
+token_level_matched is the token_level rung sampling MATCHED_BATCH prompts a step without the
+filter, at least what the dapo rung generates: the compute-matched control of dynamic sampling.
 """
 import importlib
 
@@ -47,6 +60,13 @@ L_CACHE_FRACTIONS = (0.0, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
 SEEDS = (0, 1, 2, 3, 4)     # the ladder's
 SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 PREFILTER_POOL = 120        # prompts: 30 steps of 24-prompt rounds visit each ~6 times
+SEEDS16 = tuple(range(12))   # the campaign's: the power analysis's ask for the claims closest
+                             # to decidable (paired t, 80 % power at alpha / 9; the notebook)
+PILOT_SEEDS = (0, 1)
+BASE16 = "dapo_jax/assets/testbed_base_1600"  # relative to the repo root
+LR16 = 2e-4                 # per update; the pilot16 sweep's choice (experiments/results/pilot16)
+PILOT_LRS = (2e-4, 5e-4)
+MATCHED_BATCH = 32          # prompts a step of token_level_matched (16 updates of 2 prompts)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
     "prefilter": {"algo.prefilter": True},
@@ -56,12 +76,18 @@ PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default 
 def _base(name: str, seed: int):
   if name == "testbed":
     c = importlib.import_module("configs.testbed_cpu").get_config()
+  elif name == "testbed16":
+    c = importlib.import_module("configs.testbed_cpu").get_config()
+    c.model.hf_path = BASE16
+    c.train.num_minibatches = 16       # updates per rollout step (the paper's 512 x 16 / 512)
+    c.optim.lr = LR16
   elif name == "tiny":
     c = importlib.import_module("configs.tiny_cpu").get_config("ladder=True")
   elif name == "qwen25_32b":
     c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
   else:
-    raise ValueError(f"ladder: unknown base {name!r}; expected testbed, tiny or qwen25_32b")
+    raise ValueError(f"ladder: unknown base {name!r}; expected testbed, testbed16, tiny or "
+                     "qwen25_32b")
   c.seed = seed
   return c
 
@@ -80,9 +106,18 @@ def apply_rung(c, rung: str):
   return c
 
 
+def apply_matched(c):
+  """The token_level rung sampling MATCHED_BATCH prompts a step, no filter (in place)."""
+  apply_rung(c, "token_level")
+  c.train.batch_size = MATCHED_BATCH   # prompts (dynamic sampling keeps train.batch_size)
+  c.train.micro_batch_size = c.train.batch_size * c.rollout.group_size // c.train.num_minibatches
+  return c
+
+
 def get_config(arg=None):
   opts = parse_arg(arg, rung="dapo", base="testbed", seed=0)
-  return apply_rung(_base(opts["base"], opts["seed"]), opts["rung"])
+  c = _base(opts["base"], opts["seed"])
+  return apply_matched(c) if opts["rung"] == "token_level_matched" else apply_rung(c, opts["rung"])
 
 
 def variant_overrides() -> dict:
@@ -110,7 +145,9 @@ def get_sweep(arg=None):
   paper's run passes DAPO-Math-17k many times). loss_mode: the DAPO rung
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
-  it). Several names may be joined with ','.
+  it). pilot16: the DAPO rung on base testbed16 at each PILOT_LRS x PILOT_SEEDS. ladder16: the
+  six rungs and token_level_matched on base testbed16 x SEEDS16, seed-major. Several names may
+  be joined with ','.
   """
   names = (arg or "ladder").split(",")
   base = get_config()  # the DAPO rung on the default base: the sweeps' own points
@@ -137,10 +174,16 @@ def get_sweep(arg=None):
       runs += [{"name": f"pool{PREFILTER_POOL}_{arm}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"task.num_train": PREFILTER_POOL, **o}}
                for s in SWEEP_SEEDS for arm, o in PREFILTER_ARMS.items()]
+    elif name == "pilot16":
+      runs += [{"name": f"lr{lr:.0e}_s{s}", "arg": f"rung=dapo,seed={s},base=testbed16",
+                "overrides": {"optim.lr": lr}} for lr in PILOT_LRS for s in PILOT_SEEDS]
+    elif name == "ladder16":
+      runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
+               for s in SEEDS16 for r in RUNGS + ("token_level_matched",)]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, loss_mode")
+                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode")
   return runs

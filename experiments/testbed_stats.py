@@ -28,14 +28,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from dapo_jax import config as config_lib  # noqa: E402
-from dapo_jax.data import synthetic, template, testbed  # noqa: E402
+from dapo_jax.data import synthetic, testbed  # noqa: E402
 from dapo_jax.train import trainer  # noqa: E402
 from experiments.launch import load_module  # noqa: E402
 
 
 def _difficulty(run, prompt_ids) -> int:
-  text = run.task.tokenizer.decode(prompt_ids, skip_special_tokens=True)
-  return len(synthetic.parse_problem(template.split_prompt(text))[1])
+  return synthetic.level_of(run.task.tokenizer.decode(prompt_ids, skip_special_tokens=True))
 
 
 def measure(c, rounds: int) -> dict:

@@ -271,3 +271,24 @@ def test_optional_fields_accept_none_or_their_type():
   d["train"]["micro_batch_size"] = 2.5
   with pytest.raises(ValueError, match="train.micro_batch_size: expected an int"):
     config_lib.parse(d)
+
+
+def test_paper_schedule_base_and_the_campaign_sweeps():
+  ladder = importlib.import_module("configs.ladder")
+  c = config_lib.parse(ladder.get_config("rung=clip_higher,base=testbed16"))
+  assert c.train.num_minibatches == 16 and c.minibatch_seqs == 16  # 1 prompt x G per update
+  assert c.optim.lr == ladder.LR16 and c.model.hf_path == ladder.BASE16
+  assert c.algo.eps_high == 0.28 and not c.algo.dynamic_sampling
+  m = config_lib.parse(ladder.get_config("rung=token_level_matched,base=testbed16"))
+  dapo = config_lib.parse(ladder.get_config("rung=dapo,base=testbed16"))
+  assert m.train.batch_size == ladder.MATCHED_BATCH >= dapo.algo.gen_batch_size
+  assert m.train.num_minibatches == dapo.train.num_minibatches  # as many updates a step
+  assert m.prompts_per_round == ladder.MATCHED_BATCH and not m.algo.dynamic_sampling
+  assert m.algo.loss_agg == "token-mean" and m.algo.overlong_penalty
+  runs = ladder.get_sweep("ladder16")
+  assert len(runs) == 7 * len(ladder.SEEDS16)
+  assert [r["name"] for r in runs[:7]] == [f"{r}_s0" for r in ladder.RUNGS] + [
+      "token_level_matched_s0"]  # seed-major
+  pilots = ladder.get_sweep("pilot16")
+  assert {r["overrides"]["optim.lr"] for r in pilots} == set(ladder.PILOT_LRS)
+  assert all("base=testbed16" in r["arg"] for r in runs + pilots)

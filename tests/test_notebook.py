@@ -67,11 +67,24 @@ def _raw_value(sweep, run, metric):
   raise AssertionError(f"unknown endpoint {endpoint!r}")
 
 
+def _complete_seeds(root):
+  """Seeds whose every arm in `root` has finished (results.json with an after-eval)."""
+  done, arms = {}, set()
+  for name in os.listdir(root):
+    arm, seed = name.rsplit("_s", 1)
+    arms.add(arm)
+    path = os.path.join(root, name, "results.json")
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        if "after" in json.load(f):
+          done.setdefault(int(seed), set()).add(arm)
+  return sorted(s for s, a in done.items() if a == arms)
+
+
 def _oracle(rec):
   """(mean difference, raw p) of a record, from the raw files and scipy's own t tests."""
   sweep = rec["family"].removesuffix("_secondary")  # a family is named after its directory
-  seeds = sorted(int(n.rsplit("_s", 1)[1]) for n in os.listdir(os.path.join(RESULTS, sweep))
-                 if n.rsplit("_s", 1)[0] == rec["a"])
+  seeds = _complete_seeds(os.path.join(RESULTS, sweep))
   a = np.array([_raw_value(sweep, f"{rec['a']}_s{s}", rec["metric"]) for s in seeds])
   if rec["b"] is None:
     return a.mean(), stats.ttest_1samp(a, 0.0).pvalue

@@ -19,6 +19,7 @@ import argparse
 import collections
 import dataclasses
 import random
+import re
 
 from dapo_jax.data import template
 from dapo_jax.data.example import SPLITS  # noqa: F401  (re-exported)
@@ -132,6 +133,16 @@ def noisy_solution(example: Example, *, error_rate: float, rng: random.Random) -
     lines.append(f"{total}{op}{x}={new}")
     total = new
   return "\n".join(lines + [f"Answer: {total}"])
+
+
+_PROBLEM_RE = re.compile(r"Compute \d+(?:[+-]\d+)*\.")
+
+
+def level_of(prompt_text: str) -> int | None:
+  """The number of operations of the synthetic problem inside a prompt (templated or not), or
+  None when the text holds none: the difficulty level of a mixed task's prompt."""
+  found = _PROBLEM_RE.findall(prompt_text)
+  return len(parse_problem(found[-1])[1]) if found else None
 
 
 def parse_problem(problem: str):

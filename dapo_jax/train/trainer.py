@@ -33,7 +33,7 @@ from dapo_jax.rewards import reflection
 from dapo_jax.rollout import budget
 from dapo_jax.train import checkpoint as ckpt_lib, checkpoint_dirs
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, multihost, recovery, setup, sft
-from dapo_jax.train import logprob_pass, prefilter as prefilter_lib
+from dapo_jax.train import levels, logprob_pass, prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
 from dapo_jax.train.train_step import train_step
@@ -185,13 +185,15 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
   a = run.cfg.algo
   errors_before = rewards.verifier_errors()
+  tally = levels.for_run(run.cfg, run.task.decode)  # accuracy per difficulty level
   batch, summary, _ = dynamic_sampling.collect(
-      functools.partial(_generate_round, run), batch_size=run.cfg.train.batch_size,
+      tally.wrap(functools.partial(_generate_round, run)), batch_size=run.cfg.train.batch_size,
       gen_batch_size=a.gen_batch_size, max_gen_rounds=a.max_gen_rounds,
       dynamic=a.dynamic_sampling)
   # Responses whose parsing raised (scored -1); this process's count.
   summary["verifier_errors"] = rewards.verifier_errors() - errors_before
   summary["overlong_cache_len"] = _overlong_cache_len(run)
+  summary.update(tally.metrics())
   summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))
