@@ -67,24 +67,24 @@ def _raw_value(sweep, run, metric):
   raise AssertionError(f"unknown endpoint {endpoint!r}")
 
 
-def _complete_seeds(root):
-  """Seeds whose every arm in `root` has finished (results.json with an after-eval)."""
-  done, arms = {}, set()
+def _finished_seeds(root, arm):
+  """Seeds of `arm` in `root` whose run finished (results.json with an after-eval)."""
+  out = set()
   for name in os.listdir(root):
-    arm, seed = name.rsplit("_s", 1)
-    arms.add(arm)
     path = os.path.join(root, name, "results.json")
-    if os.path.isfile(path):
+    if name.rsplit("_s", 1)[0] == arm and os.path.isfile(path):
       with open(path, encoding="utf-8") as f:
         if "after" in json.load(f):
-          done.setdefault(int(seed), set()).add(arm)
-  return sorted(s for s, a in done.items() if a == arms)
+          out.add(int(name.rsplit("_s", 1)[1]))
+  return out
 
 
 def _oracle(rec):
   """(mean difference, raw p) of a record, from the raw files and scipy's own t tests."""
   sweep = rec["family"].removesuffix("_secondary")  # a family is named after its directory
-  seeds = _complete_seeds(os.path.join(RESULTS, sweep))
+  root = os.path.join(RESULTS, sweep)  # the seeds both arms finished
+  seeds = sorted(_finished_seeds(root, rec["a"]) & (
+      _finished_seeds(root, rec["b"]) if rec["b"] else _finished_seeds(root, rec["a"])))
   a = np.array([_raw_value(sweep, f"{rec['a']}_s{s}", rec["metric"]) for s in seeds])
   if rec["b"] is None:
     return a.mean(), stats.ttest_1samp(a, 0.0).pvalue
