@@ -31,8 +31,8 @@ COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mod
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
-COMMAND (the pilots for the paper's update schedule: the DAPO rung on base testbed16 at each
-  PILOT_LRS learning rate x PILOT_SEEDS; read clipfrac_upper and the group shares):
+COMMAND (the pilots for the paper's update schedule: the DAPO rung on base testbed16 with each
+  PILOT_ARMS learning rate / clip range x PILOT_SEEDS; read clipfrac_upper and the group shares):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
       --workdir=runs/pilot16 --sweep=pilot16
 COMMAND (the campaign on base testbed16: the six rungs and the compute-matched arm x SEEDS16,
@@ -65,7 +65,10 @@ SEEDS16 = tuple(range(12))   # the campaign's: the power analysis's ask for the 
 PILOT_SEEDS = (0, 1)
 BASE16 = "dapo_jax/assets/testbed_base_1600"  # relative to the repo root
 LR16 = 2e-4                 # per update; the pilot16 sweep's choice (experiments/results/pilot16)
-PILOT_LRS = (2e-4, 5e-4)
+PILOT_ARMS = {              # the pilot16 sweep: learning rate, and a narrower clip range
+    "lr1e-04": {"optim.lr": 1e-4},
+    "lr5e-05": {"optim.lr": 5e-5},
+    "lr5e-05_eps0.10": {"optim.lr": 5e-5, "algo.eps_low": 0.1, "algo.eps_high": 0.14}}
 MATCHED_BATCH = 32          # prompts a step of token_level_matched (16 updates of 2 prompts)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
@@ -81,6 +84,8 @@ def _base(name: str, seed: int):
     c.model.hf_path = BASE16
     c.train.num_minibatches = 16       # updates per rollout step (the paper's 512 x 16 / 512)
     c.optim.lr = LR16
+    c.eval.top_p = 1.0                 # the training sampler's: at top-p 0.7 this base scores
+                                       # 90 % before RL (near-greedy), a ceiling
   elif name == "tiny":
     c = importlib.import_module("configs.tiny_cpu").get_config("ladder=True")
   elif name == "qwen25_32b":
@@ -145,7 +150,7 @@ def get_sweep(arg=None):
   paper's run passes DAPO-Math-17k many times). loss_mode: the DAPO rung
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
-  it). pilot16: the DAPO rung on base testbed16 at each PILOT_LRS x PILOT_SEEDS. ladder16: the
+  it). pilot16: the DAPO rung on base testbed16 with each PILOT_ARMS x PILOT_SEEDS. ladder16: the
   six rungs and token_level_matched on base testbed16 x SEEDS16, seed-major. Several names may
   be joined with ','.
   """
@@ -175,8 +180,8 @@ def get_sweep(arg=None):
                 "overrides": {"task.num_train": PREFILTER_POOL, **o}}
                for s in SWEEP_SEEDS for arm, o in PREFILTER_ARMS.items()]
     elif name == "pilot16":
-      runs += [{"name": f"lr{lr:.0e}_s{s}", "arg": f"rung=dapo,seed={s},base=testbed16",
-                "overrides": {"optim.lr": lr}} for lr in PILOT_LRS for s in PILOT_SEEDS]
+      runs += [{"name": f"{arm}_s{s}", "arg": f"rung=dapo,seed={s},base=testbed16",
+                "overrides": o} for s in PILOT_SEEDS for arm, o in PILOT_ARMS.items()]
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for s in SEEDS16 for r in RUNGS + ("token_level_matched",)]

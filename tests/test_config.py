@@ -290,5 +290,6 @@ def test_paper_schedule_base_and_the_campaign_sweeps():
   assert [r["name"] for r in runs[:7]] == [f"{r}_s0" for r in ladder.RUNGS] + [
       "token_level_matched_s0"]  # seed-major
   pilots = ladder.get_sweep("pilot16")
-  assert {r["overrides"]["optim.lr"] for r in pilots} == set(ladder.PILOT_LRS)
+  assert len(pilots) == len(ladder.PILOT_ARMS) * len(ladder.PILOT_SEEDS)
+  assert [r["overrides"] for r in pilots[:len(ladder.PILOT_ARMS)]] == list(ladder.PILOT_ARMS.values())
   assert all("base=testbed16" in r["arg"] for r in runs + pilots)
