@@ -36,7 +36,8 @@ COMMAND (the pilots for the paper's update schedule: the DAPO rung on base testb
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
       --workdir=runs/pilot16 --sweep=pilot16
 COMMAND (the campaign on base testbed16: the six rungs and the compute-matched arm x SEEDS16,
-  seed-major, so a campaign cut short stays paired; re-running it skips finished runs):
+  in LADDER16_PHASES' order (the claims closest to decidable first), each phase seed-major so a
+  campaign cut short stays paired; re-running it skips finished runs and resumes a cut one):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
       --workdir=runs/ladder16 --sweep=ladder16
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
@@ -47,8 +48,9 @@ Options (`:key=value,...`): rung (above, or token_level_matched), base (testbed 
 tiny | qwen25_32b), seed. testbed16 is the testbed on the paper's update schedule: 16 optimizer
 updates per rollout step (1 prompt x G = 16 responses each), the learning rate LR16, and the
 later warm-start snapshot BASE16, whose easiest level has all-correct groups before any RL.
-token_level_matched is the token_level rung sampling MATCHED_BATCH prompts a step without the
-filter, at least what the dapo rung generates: the compute-matched control of dynamic sampling.
+token_level_matched is the token_level rung sampling as many prompts a step as the dapo rung
+does in a round (algo.gen_batch_size) and training on all of them, at the same prompts per
+update: the compute-matched control of dynamic sampling (the same generated tokens, no filter).
 """
 import importlib
 
@@ -62,14 +64,17 @@ SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 PREFILTER_POOL = 120        # prompts: 30 steps of 24-prompt rounds visit each ~6 times
 SEEDS16 = tuple(range(12))   # the campaign's: the power analysis's ask for the claims closest
                              # to decidable (paired t, 80 % power at alpha / 9; the notebook)
+LADDER16_PHASES = (          # arms in the order the campaign runs them, each phase seed-major:
+    ("token_level", "dapo", "token_level_matched", "soft_overlong"),  # dynamic sampling and
+    ("clip_higher", "overlong_filter", "naive_grpo"))                 # token-level claims first
 PILOT_SEEDS = (0, 1)
 BASE16 = "dapo_jax/assets/testbed_base_1600"  # relative to the repo root
-LR16 = 2e-4                 # per update; the pilot16 sweep's choice (experiments/results/pilot16)
+LR16 = 1e-4                 # per update; the pilot16 sweep's choice (experiments/results/pilot16):
+                            # the upper clip binds on ~0.1 % of tokens and accuracy still rises
 PILOT_ARMS = {              # the pilot16 sweep: learning rate, and a narrower clip range
     "lr1e-04": {"optim.lr": 1e-4},
     "lr5e-05": {"optim.lr": 5e-5},
     "lr5e-05_eps0.10": {"optim.lr": 5e-5, "algo.eps_low": 0.1, "algo.eps_high": 0.14}}
-MATCHED_BATCH = 32          # prompts a step of token_level_matched (16 updates of 2 prompts)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
     "prefilter": {"algo.prefilter": True},
@@ -112,10 +117,12 @@ def apply_rung(c, rung: str):
 
 
 def apply_matched(c):
-  """The token_level rung sampling MATCHED_BATCH prompts a step, no filter (in place)."""
+  """The token_level rung training on every prompt of a round as large as the dapo rung's
+  (algo.gen_batch_size), at the same prompts per update, so with more updates (in place)."""
   apply_rung(c, "token_level")
-  c.train.batch_size = MATCHED_BATCH   # prompts (dynamic sampling keeps train.batch_size)
-  c.train.micro_batch_size = c.train.batch_size * c.rollout.group_size // c.train.num_minibatches
+  per_update = c.train.batch_size // c.train.num_minibatches  # prompts per optimizer update
+  c.train.batch_size = c.algo.gen_batch_size   # prompts sampled and trained on each step
+  c.train.num_minibatches = c.train.batch_size // per_update
   return c
 
 
@@ -151,8 +158,8 @@ def get_sweep(arg=None):
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). pilot16: the DAPO rung on base testbed16 with each PILOT_ARMS x PILOT_SEEDS. ladder16: the
-  six rungs and token_level_matched on base testbed16 x SEEDS16, seed-major. Several names may
-  be joined with ','.
+  six rungs and token_level_matched on base testbed16 x SEEDS16, phase by phase
+  (LADDER16_PHASES), each seed-major. Several names may be joined with ','.
   """
   names = (arg or "ladder").split(",")
   base = get_config()  # the DAPO rung on the default base: the sweeps' own points
@@ -184,7 +191,7 @@ def get_sweep(arg=None):
                 "overrides": o} for s in PILOT_SEEDS for arm, o in PILOT_ARMS.items()]
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
-               for s in SEEDS16 for r in RUNGS + ("token_level_matched",)]
+               for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]

@@ -281,14 +281,19 @@ def test_paper_schedule_base_and_the_campaign_sweeps():
   assert c.algo.eps_high == 0.28 and not c.algo.dynamic_sampling
   m = config_lib.parse(ladder.get_config("rung=token_level_matched,base=testbed16"))
   dapo = config_lib.parse(ladder.get_config("rung=dapo,base=testbed16"))
-  assert m.train.batch_size == ladder.MATCHED_BATCH >= dapo.algo.gen_batch_size
-  assert m.train.num_minibatches == dapo.train.num_minibatches  # as many updates a step
-  assert m.prompts_per_round == ladder.MATCHED_BATCH and not m.algo.dynamic_sampling
+  # as many prompts sampled a step as dapo's round, all trained on, 1 prompt per update as dapo
+  assert m.prompts_per_round == dapo.prompts_per_round == m.train.batch_size == 24
+  assert m.minibatch_prompts == dapo.minibatch_prompts == 1 and m.train.num_minibatches == 24
+  assert not m.algo.dynamic_sampling
+  old = config_lib.parse(ladder.get_config("rung=token_level_matched"))  # the first testbed
+  assert (old.train.batch_size, old.train.num_minibatches, old.minibatch_prompts) == (24, 6, 4)
   assert m.algo.loss_agg == "token-mean" and m.algo.overlong_penalty
   runs = ladder.get_sweep("ladder16")
-  assert len(runs) == 7 * len(ladder.SEEDS16)
-  assert [r["name"] for r in runs[:7]] == [f"{r}_s0" for r in ladder.RUNGS] + [
-      "token_level_matched_s0"]  # seed-major
+  assert len(runs) == 7 * len(ladder.SEEDS16) == len({r["name"] for r in runs})
+  arms = [a for phase in ladder.LADDER16_PHASES for a in phase]
+  assert sorted(arms) == sorted(ladder.RUNGS + ("token_level_matched",))
+  first = ladder.LADDER16_PHASES[0]  # seed-major within a phase: a cut-short phase stays paired
+  assert [r["name"] for r in runs[:2 * len(first)]] == [f"{a}_s{s}" for s in (0, 1) for a in first]
   pilots = ladder.get_sweep("pilot16")
   assert len(pilots) == len(ladder.PILOT_ARMS) * len(ladder.PILOT_SEEDS)
   assert [r["overrides"] for r in pilots[:len(ladder.PILOT_ARMS)]] == list(ladder.PILOT_ARMS.values())
