@@ -9,6 +9,8 @@ import time
 import jax
 import numpy as np
 
+from dapo_jax.core import stats
+
 log = logging.getLogger("dapo_jax")
 
 
@@ -186,8 +188,8 @@ def combine_updates(step_metrics: list[dict]) -> dict:
 
 
 def _masked_mean(x, mask) -> float:
-  mask = np.asarray(mask, np.float64)
-  return float((np.asarray(x, np.float64) * mask).sum() / max(mask.sum(), 1.0))
+  """On the host in float64 (core.stats.masked_mean takes numpy arrays as they are)."""
+  return float(stats.masked_mean(np.asarray(x, np.float64), np.asarray(mask, np.float64)))
 
 
 def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dict,

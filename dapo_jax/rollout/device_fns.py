@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax import sharding as sharding_lib
 from dapo_jax.models import paged as paged_lib
 from dapo_jax.models import qwen2
 from dapo_jax.rollout import sampling, state as state_lib
@@ -96,11 +97,6 @@ def per_layer_decode(mesh, layer_loop: str = "auto") -> bool:
   return layer_loop == "unrolled"
 
 
-def batch_shards(mesh) -> int:
-  """Shards of the decode batch (mesh axes data x fsdp, those the mesh has)."""
-  return mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
-
-
 def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
                impl: str = "auto") -> paged_lib.PagedSpec:
   """The page layout of a paged engine on `mesh`. impl: "kernel" (the Pallas kernel, 8 pages
@@ -115,7 +111,7 @@ def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
                      f"{head_dim}")
   if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
     raise ValueError(f"page_size: must be a positive int (tokens), got {page_size!r}")
-  shards = batch_shards(mesh)
+  shards = sharding_lib.batch_shards(mesh)
   if slots % shards:
     raise ValueError(f"num_slots: {slots} slots do not split over the {shards} batch shards "
                      "of the mesh (a paged cache keeps each shard's rows in its own pages)")
@@ -131,7 +127,7 @@ def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
 
 def pool_pages(mesh, spec: paged_lib.PagedSpec, *, slots: int, num_pages: int | None) -> int:
   """Pool size: num_pages, or by default every slot at max_len plus a null page per shard."""
-  shards = batch_shards(mesh)
+  shards = sharding_lib.batch_shards(mesh)
   if num_pages is None:
     return slots * spec.pages_per_seq + shards
   if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages % shards or (

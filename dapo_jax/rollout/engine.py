@@ -295,7 +295,7 @@ class Engine(engine_api.Engine):
 
   @property
   def batch_shards(self) -> int:
-    return device_fns.batch_shards(self._mesh)
+    return sharding_lib.batch_shards(self._mesh)
 
   @property
   def steps_per_call(self) -> int:

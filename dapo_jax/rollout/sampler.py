@@ -36,12 +36,6 @@ class GroupRollout:
   truncated: np.ndarray
   stats: dict
 
-  @property
-  def mask(self) -> np.ndarray:
-    """bool [N, G, T]: True on response tokens."""
-    t = self.tokens.shape[-1]
-    return np.arange(t)[None, None, :] < self.lengths[:, :, None]
-
 
 def _int_arg(value, name: str, lo: int, hi: int | None = None) -> int:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (
@@ -121,7 +115,7 @@ class GroupSampler:
     pool = None if eng.paged is None else pages.PagePool(
         num_pages=eng.num_pages, shards=eng.batch_shards, slots=b,
         page_size=eng.paged.page_size, max_len=eng.max_len)
-    run = _Run(rows=rows, g=g, t_max=t_max, offset=offset, params=eng.params,
+    run = _SampleCall(rows=rows, g=g, t_max=t_max, offset=offset, params=eng.params,
                np_batch=self._prefill_batch or min(math.ceil(b / g), n),
                book=_Book(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids), pool=pool,
                queue=_Queue(n * g), st=eng.init_decode_state(sp))
@@ -138,7 +132,7 @@ class GroupSampler:
       out = jax.device_get(out)
       run.chunks += 1
       run.steps += int(out["steps"])
-      for slot in run.book.collect(out):
+      for slot in run.book.record_chunk(out):
         if pool is not None:
           pool.release(slot)
 
@@ -148,7 +142,7 @@ class GroupSampler:
     return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, lengths=book.lengths,
                         truncated=book.truncated, stats=stats)
 
-  def _refill(self, run: "_Run") -> None:
+  def _refill(self, run: "_SampleCall") -> None:
     """Inserts queued samples (preempted ones first, then in (prompt, sample) order) into free
     slots before the next step, prefilling their prompts' batch when it is not the current
     one; a paged engine admits a sample only while its shard has pages for it."""
@@ -173,7 +167,7 @@ class GroupSampler:
       run.st = st
       run.queue.take(ids.size)
 
-  def _admit(self, run: "_Run", ids):
+  def _admit(self, run: "_SampleCall", ids):
     """The leading samples of `ids` the pool takes into the next free slots, and the page
     copies their insert makes (prefix row, prompt page, pool page)."""
     writes, taken = [], 0
@@ -186,7 +180,7 @@ class GroupSampler:
       taken += 1
     return ids[:taken], writes
 
-  def _grow(self, run: "_Run") -> None:
+  def _grow(self, run: "_SampleCall") -> None:
     """Pages for every live row's next steps_per_call positions, oldest admitted first; when
     a shard runs out, its youngest sample is preempted (pages returned, re-run later from its
     start: its tokens are keyed by (prompt, sample, t), so it draws them again)."""
@@ -218,7 +212,7 @@ class GroupSampler:
     return self.engine.prefill_batch(params, toks, lens)
 
 
-def _stats(cfg, run: "_Run", prompt_lens, *, slots, wall) -> dict:
+def _stats(cfg, run: "_SampleCall", prompt_lens, *, slots, wall) -> dict:
   """sample_groups' stats (see its docstring)."""
   gen, g = int(run.book.lengths.sum()), run.g
   return dict(
@@ -232,7 +226,7 @@ def _stats(cfg, run: "_Run", prompt_lens, *, slots, wall) -> dict:
 
 
 @dataclasses.dataclass
-class _Run:
+class _SampleCall:
   """The state of one sample_groups call."""
   rows: list
   g: int
@@ -307,7 +301,7 @@ class _Book:
     self.free = sorted(self.free + [slot])
     return sample
 
-  def collect(self, out: dict) -> list:
+  def record_chunk(self, out: dict) -> list:
     """Copies a chunk's new tokens out of the live slots (vectorised); frees finished slots
     and returns them."""
     live = np.nonzero(self.owner >= 0)[0]

@@ -37,8 +37,8 @@ def round_metrics(g: Groups, keep_N) -> dict:
           "length_mean": float(g.lengths.mean()), "tokens": int(g.lengths.sum())}
 
 
-def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
-            max_gen_rounds: int, dynamic: bool):
+def fill_batch(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
+               max_gen_rounds: int, dynamic: bool):
   """Returns (batch Groups of exactly batch_size, summary metrics, per-round metrics).
 
   generate(round_index, num_prompts) samples and scores one round. Without dynamic sampling a

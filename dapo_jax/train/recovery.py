@@ -18,7 +18,7 @@ from dapo_jax.core import overlong
 
 
 def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
-  """Restores `run` (a trainer.Run) from the newest intact checkpoint of `ckpt` (with resume).
+  """Restores `run` (a train.run.Run) from the newest intact checkpoint of `ckpt` (with resume).
 
   Returns the results so far (the "before" eval) and the number of metrics.jsonl records
   written when that checkpoint was saved; ({}, 0) for a run that starts at step 0."""
