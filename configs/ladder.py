@@ -31,6 +31,10 @@ COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mod
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
+COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0, 1, 2, 4,
+  partial rollouts and token-level truncated IS on every arm, 3 seeds):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
+      --workdir=runs/async --sweep=staleness
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -47,6 +51,7 @@ L_CACHE_FRACTIONS = (0.0, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
 SEEDS = (0, 1, 2, 3, 4)     # the ladder's
 SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 PREFILTER_POOL = 120        # prompts: 30 steps of 24-prompt rounds visit each ~6 times
+STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
     "prefilter": {"algo.prefilter": True},
@@ -95,6 +100,13 @@ def variant_overrides() -> dict:
   return out
 
 
+def staleness_overrides(k: int) -> dict:
+  """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, and the
+  token-level truncated IS correction on every arm (k = 0 included), so only k differs."""
+  return {"rollout.max_staleness": k, "rollout.partial": k >= 1,
+          "algo.is_correction": "tis_token"}
+
+
 def get_sweep(arg=None):
   """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
 
@@ -110,7 +122,8 @@ def get_sweep(arg=None):
   paper's run passes DAPO-Math-17k many times). loss_mode: the DAPO rung
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
-  it). Several names may be joined with ','.
+  it). staleness: the DAPO rung with each STALENESS as rollout.max_staleness
+  (`staleness_overrides`) x SWEEP_SEEDS. Several names may be joined with ','.
   """
   names = (arg or "ladder").split(",")
   base = get_config()  # the DAPO rung on the default base: the sweeps' own points
@@ -137,10 +150,13 @@ def get_sweep(arg=None):
       runs += [{"name": f"pool{PREFILTER_POOL}_{arm}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"task.num_train": PREFILTER_POOL, **o}}
                for s in SWEEP_SEEDS for arm, o in PREFILTER_ARMS.items()]
+    elif name == "staleness":
+      runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, loss_mode")
+                       "beyond, prefilter_pool, loss_mode, staleness")
   return runs

@@ -30,6 +30,7 @@ def validate(c):
   _validate_model(c.model)
   _validate_task(c.task, c.warm_start)
   _validate_rollout(c.rollout)
+  _validate_async(c.rollout, c.algo)
   _validate_algo(c.algo, c.rollout)
   _validate_loss(c.algo)
   _validate_train(c)
@@ -91,6 +92,38 @@ def _validate_rollout(r: "RolloutCfg"):
            f"{r.num_slots} slots cannot hold one group of G={r.group_size}")
   _require(r.kv_cache_gib >= 0, "rollout.kv_cache_gib", "must be >= 0 GiB (0 = num_slots)")
   _positive("rollout", r, "page_size")
+
+
+PLACEMENTS = ("colocated", "split")
+
+
+def _validate_async(r: "RolloutCfg", a: "AlgoCfg"):
+  """Asynchronous rollout (train/pipeline.py): settings that cannot work, refused before any
+  compile (the device counts of a split are checked where the devices are known)."""
+  _require(r.max_staleness >= 0, "rollout.max_staleness",
+           f"must be >= 0 policy versions (0 = synchronous), got {r.max_staleness}")
+  _require(r.placement in PLACEMENTS, "rollout.placement",
+           f"must be one of {PLACEMENTS}, got {r.placement!r}")
+  split = r.placement == "split"
+  count_or_fraction = 0 < r.sampler_devices < 1 or (r.sampler_devices >= 1
+                                                    and float(r.sampler_devices).is_integer())
+  _require(not split or count_or_fraction, "rollout.sampler_devices",
+           f"with placement='split' must be a device count >= 1 or a fraction in (0, 1), got "
+           f"{r.sampler_devices}")
+  _require(split or r.sampler_devices == 0, "rollout.sampler_devices",
+           f"is only used with rollout.placement='split' (got {r.sampler_devices} with "
+           f"{r.placement!r}); leave it 0")
+  _require(not r.partial or r.max_staleness >= 1, "rollout.partial",
+           "needs rollout.max_staleness >= 1 (the synchronous loop never syncs mid-rollout)")
+  _require(not r.partial or a.is_correction != "none" or a.old_logp_source == "sampler",
+           "rollout.partial",
+           "needs the behaviour log-probs in the loss: algo.is_correction (tis_* or mask_*) or "
+           "algo.old_logp_source='sampler'; a partial sequence's tokens come from several "
+           "policy versions")
+  for field in ("prefilter", "overlong_adaptive"):
+    _require(r.max_staleness == 0 or not getattr(a, field), f"algo.{field}",
+             "is not supported with rollout.max_staleness >= 1 (its records would run ahead "
+             "of the trained steps)")
 
 
 def _validate_algo(a: "AlgoCfg", r: "RolloutCfg"):

@@ -79,6 +79,14 @@ class RolloutCfg:
                               # full length); dense, sizing the slots (0 = num_slots)
   paged_kv: bool              # paged KV cache (page pool + page tables); False = dense per slot
   page_size: int              # tokens per KV page
+  # Rollout and training at the same time (train/pipeline.py, docs/rollout.md):
+  max_staleness: int          # policy versions a trained token may lag the one that sampled it;
+                              # 0 = the synchronous loop (sample, then train, then sync)
+  partial: bool               # unfinished sequences continue across a weight sync (their later
+                              # tokens carry the newer version); needs max_staleness >= 1
+  placement: str              # "colocated" (sampler and trainer share every device) | "split"
+  sampler_devices: float      # split: the sampler's devices, a count (>= 1) or a fraction in
+                              # (0, 1) of all devices; the trainer gets the rest. 0 = colocated
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,6 +86,10 @@ class MetricWriter:
       for k, v in rec.items():
         if isinstance(v, float):
           self._tb.add_scalar(f"{kind}/{k.replace('@', '_at_')}", v, step)
+        elif k.endswith("_counts") and isinstance(v, list) and sum(v) > 0:
+          # counts[i] = how many had value i (e.g. staleness_counts): a histogram
+          self._tb.add_histogram(f"{kind}/{k.removesuffix('_counts')}",
+                                 np.repeat(np.arange(len(v)), v), step)
       self._tb.flush()
     if self.progress and kind == "train":
       self._console(step, rec)
@@ -152,6 +156,10 @@ class PhaseTimer:
     finally:
       self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
+  def add(self, name: str, seconds: float) -> None:
+    """A span measured elsewhere (an update dispatched here and seen to end later)."""
+    self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
   def metrics(self) -> dict:
     out = {f"time_{k}_s": v for k, v in self.seconds.items()}
     out["time_step_s"] = time.perf_counter() - self._t0
@@ -187,17 +195,42 @@ def combine_updates(step_metrics: list[dict]) -> dict:
   return out
 
 
+def policy_lag(batch, prep, version: int) -> dict:
+  """How far the trained tokens lag the policy that trains on them, and how far the sampler's
+  log-probs are from the trainer's on them (response tokens).
+
+  staleness = version - the version that drew the token (0 in the synchronous loop):
+  staleness_mean / _max, stale_token_frac (share > 0), staleness_counts (tokens per value).
+  mismatch_k1 / _k3: KL(sampler || trainer) estimated on the sampled tokens from
+  delta = log pi_trainer - log pi_sampler: k1 = mean(-delta), k3 = mean(e^delta - delta - 1)
+  (bf16 sampler vs f32 trainer, other kernels, a stale policy)."""
+  n, g, r = batch.versions.shape
+  resp = np.arange(r)[None, None, :] < batch.lengths[:, :, None]
+  lag = version - batch.versions[resp].astype(np.int64)
+  out = {"staleness_mean": float(lag.mean()) if lag.size else 0.0,
+         "staleness_max": float(lag.max()) if lag.size else 0.0,
+         "stale_token_frac": float((lag > 0).mean()) if lag.size else 0.0,
+         "staleness_counts": np.bincount(np.maximum(lag, 0)).tolist() if lag.size else []}
+  mask = np.asarray(prep.resp_mask_BxS, bool)
+  delta = np.where(mask, np.asarray(prep.logp_BxS, np.float64)
+                   - np.asarray(prep.behav_logp_BxS, np.float64), 0.0)
+  out["mismatch_k1"] = _masked_mean(-delta, mask)
+  out["mismatch_k3"] = _masked_mean(np.expm1(delta) - delta, mask)
+  return out
+
+
 def _masked_mean(x, mask) -> float:
   """On the host in float64 (core.stats.masked_mean takes numpy arrays as they are)."""
   return float(stats.masked_mean(np.asarray(x, np.float64), np.asarray(mask, np.float64)))
 
 
 def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dict,
-                    timer: PhaseTimer) -> dict:
+                    timer: PhaseTimer, version: int) -> dict:
   """The dashboard record of one rollout step (the paper's Figs. 2-7 quantities, host floats).
 
   batch: the kept Groups; prep: the trainer's Prepared layout; step_metrics: host dicts of the
-  step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds)."""
+  step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds); version:
+  the policy version the step trained (its number)."""
   lengths = batch.lengths.astype(np.float64)
   tokens_generated = sampling_summary["gen_tokens"]  # all rounds, not only the kept groups
   out = {
@@ -215,6 +248,7 @@ def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dic
   out["tokens_per_s"] = tokens_generated / max(timer.seconds.get("rollout", 0.0), 1e-9)
   out.update(sampling_summary)
   out.update(combine_updates(step_metrics))
+  out.update(policy_lag(batch, prep, version))
   return out
 
 

@@ -38,12 +38,12 @@ def _difficulty(run, prompt_ids) -> int:
   return len(synthetic.parse_problem(template.split_prompt(text))[1])
 
 
-def measure(c, rounds: int) -> dict:
+def measure(c, num_rounds: int) -> dict:
   cfg = config_lib.parse(c)
   with tempfile.TemporaryDirectory() as workdir:
     run = trainer.build(cfg, workdir, resume=False)
     parts, ent_sum, ent_count = [], 0.0, 0.0
-    for r in range(rounds):
+    for r in range(num_rounds):
       g = rounds.generate_round(run, r, cfg.train.batch_size)
       prep = trainer.prepare(run, g, separate_pass=True)
       ent_sum += float((prep.entropy_BxS * prep.resp_mask_BxS).sum())

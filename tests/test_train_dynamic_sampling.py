@@ -16,6 +16,7 @@ def _groups(correct_NxG, lengths=None, seed=0):
   R = int(lengths.max())
   return Groups(prompts=[[1, 2 + n] for n in range(N)], answers=[str(n) for n in range(N)],
                 tokens=np.ones((N, G, R), np.int32), behav_logp=np.full((N, G, R), -0.5, np.float32),
+                versions=np.zeros((N, G, R), np.int32),
                 lengths=lengths, truncated=np.zeros((N, G), bool), correct=c,
                 parsed=np.ones((N, G), bool), score=score, reward=reward)
 

@@ -35,7 +35,8 @@ def _random_groups(rng, N=5, G=3, R=7):
   return Groups(
       prompts=[rng.integers(1, 50, size=int(rng.integers(1, 6))).tolist() for _ in range(N)],
       answers=[""] * N, tokens=(rng.integers(1, 50, size=(N, G, R)) * mask).astype(np.int32),
-      behav_logp=(-rng.random((N, G, R)) * mask).astype(np.float32), lengths=lengths,
+      behav_logp=(-rng.random((N, G, R)) * mask).astype(np.float32),
+      versions=np.zeros((N, G, R), np.int32), lengths=lengths,
       truncated=lengths == R, correct=np.zeros((N, G), bool), parsed=np.zeros((N, G), bool),
       score=np.zeros((N, G), np.float32), reward=np.zeros((N, G), np.float32))
 

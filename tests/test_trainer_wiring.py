@@ -38,7 +38,7 @@ def _fake_rollout(lengths_NxG, max_len):
   return types.SimpleNamespace(
       tokens=np.full((N, G, max_len), 5, np.int32), lengths=lengths_NxG,
       logprobs=np.full((N, G, max_len), -0.5, np.float32),
-      truncated=lengths_NxG >= max_len)
+      versions=np.zeros((N, G, max_len), np.int32), truncated=lengths_NxG >= max_len)
 
 
 def test_score_rollout_applies_eq13_before_on_and_beyond_the_ramp():
@@ -65,10 +65,11 @@ def test_score_rollout_fixes_the_group_dtypes():
   handed over (the widths the Groups fields are declared with)."""
   r = _fake_rollout(np.array([[3, 5]], np.int64), 6)
   r.tokens, r.logprobs = r.tokens.astype(np.int64), r.logprobs.astype(np.float64)
+  r.versions = r.versions.astype(np.int64)
   g = groups_lib.score_rollout(r, [[1]], ["1"], decode=lambda toks: ["x"] * len(toks),
                                reward_fn=_always_right, overlong_penalty=True, max_len=6,
                                cache_len=2, factor=1.0)
-  assert (g.tokens.dtype, g.lengths.dtype) == (np.int32, np.int32)
+  assert (g.tokens.dtype, g.lengths.dtype, g.versions.dtype) == (np.int32,) * 3
   assert (g.behav_logp.dtype, g.reward.dtype) == (np.float32, np.float32)
 
 
@@ -79,7 +80,8 @@ def _batch(run, reward_NxG, score_NxG, lengths_NxG, truncated_NxG):
   return groups_lib.Groups(
       prompts=[[1, 4 + n, 9] for n in range(N)], answers=[str(n) for n in range(N)],
       tokens=rng.integers(4, 30, (N, G, R)).astype(np.int32),
-      behav_logp=np.full((N, G, R), -1.0, np.float32), lengths=lengths_NxG.astype(np.int32),
+      behav_logp=np.full((N, G, R), -1.0, np.float32), versions=np.zeros((N, G, R), np.int32),
+      lengths=lengths_NxG.astype(np.int32),
       truncated=truncated_NxG, correct=score_NxG > 0, parsed=np.ones((N, G), bool),
       score=score_NxG.astype(np.float32),
       reward=reward_NxG.astype(np.float32))

@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dapo_jax import sharding
 from dapo_jax.aot import shapes
 from dapo_jax.config import Config
-from dapo_jax.rollout import budget, device_fns, sampling, state as rstate
-from dapo_jax.train import logprob_pass, setup
+from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
+from dapo_jax.train import logprob_pass, placement, setup
 from dapo_jax.train import train_step as train_step_lib
 
 
@@ -27,6 +27,16 @@ class Job:
   fn: object                 # a jax.jit-wrapped function
   args: tuple                # abstract arguments (ShapeDtypeStructs with shardings)
   resident: tuple            # names of the Plan.buffers alive in HBM beside this call
+
+  @property
+  def side(self) -> str:
+    """The role whose chips run it (they differ under rollout.placement='split')."""
+    return "sampler" if self.name.startswith("sampler_") else "trainer"
+
+
+# Which role's chips hold each long-lived buffer.
+BUFFER_SIDE = {"train_state": "trainer", "opt_state": "trainer", "ref_params": "trainer",
+               "sampler_params": "sampler", "decode_state": "sampler", "prefix": "sampler"}
 
 
 @dataclasses.dataclass
@@ -153,13 +163,17 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
   return jobs, buffers, slots, info
 
 
-def transfer_job(mcfg, model, gmesh) -> Job:
+def transfer_job(mcfg, model, gmesh, trainer_mesh=None) -> Job:
   """Trainer params -> the sampler's dtype and layout on the global sampler mesh (the
-  device-to-device all-gather of engine.load_params; each host then keeps its own shards)."""
-  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype)
+  device-to-device all-gather of engine.load_params; each host then keeps its own shards).
+  Split placement (`trainer_mesh` given): the all-gather into the sampler's tensor layout on
+  the trainer's chips, from which each host's sampler chips copy their shards."""
+  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype).shardings
+  if trainer_mesh is not None:
+    target = jax.tree.map(lambda s: NamedSharding(trainer_mesh, transfer.tensor_only(s.spec)),
+                          target)
   dtype = jnp.dtype(mcfg.dtype)
-  fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
-               out_shardings=target.shardings)
+  fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p), out_shardings=target)
   return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
 
 
@@ -173,14 +187,20 @@ def host_devices(devices, hosts: int) -> list:
 def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) -> Plan:
   """All jobs of a rollout step for `devices` (one TPU slice of `hosts` hosts)."""
   mcfg, source = shapes.model_config(cfg)
-  mesh = setup.build_mesh(cfg, devices)
+  placed = placement.place(cfg, devices)
+  mesh = placement.build_mesh(cfg, list(placed.trainer))
   setup.check_batch_fits_mesh(cfg, mesh, hosts)
-  gmesh = setup.build_sampler_mesh(cfg, devices)
-  smesh = setup.build_sampler_mesh(cfg, host_devices(devices, hosts))
+  gmesh = placement.build_sampler_mesh(cfg, list(placed.sampler))
+  smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
   sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, steps_per_call, hosts)
-  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh)]
-  info = dict(model_source=source, num_params=mcfg.num_params, trainer_mesh=dict(mesh.shape),
+  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None)]
+  if placed.split:  # each role's chips hold only its own buffers
+    for job in jobs:
+      job.resident = tuple(b for b in job.resident if BUFFER_SIDE[b] == job.side)
+  info = dict(model_source=source, num_params=mcfg.num_params, placement=cfg.rollout.placement,
+              trainer_chips=len(placed.trainer), sampler_chips=len(placed.sampler),
+              trainer_mesh=dict(mesh.shape),
               sampler_mesh_per_host=dict(smesh.shape), sampler_mesh_global=dict(gmesh.shape),
               sampler_slots_per_host=slots, sampler_slots_global=slots * hosts,
               logprob_rows=_rows(cfg), minibatch_rows=cfg.minibatch_seqs,

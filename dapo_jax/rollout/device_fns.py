@@ -71,19 +71,19 @@ def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, tabl
     return (i < max_steps) & jnp.any(s.active_B) & ~(stop_on_finish & finished)
 
   def body(carry):
-    i, s, tok_BxK, logp_BxK, _ = carry
+    i, s, tok_BxC, logp_BxC, _ = carry
     s, tok_B, logp_B, valid_B = step(graphdef, params, rest, s, layer_params, table_BxP, paged)
-    tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
-    logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
-    return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
+    tok_BxC = jax.lax.dynamic_update_slice(tok_BxC, tok_B[:, None], (0, i))
+    logp_BxC = jax.lax.dynamic_update_slice(logp_BxC, logp_B[:, None], (0, i))
+    return i + 1, s, tok_BxC, logp_BxC, jnp.any(valid_B & ~s.active_B)
 
   init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
           jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
-  steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
+  steps, st, tok_BxC, logp_BxC, _ = jax.lax.while_loop(cond, body, init)
   if per_layer:
     stack = paged_lib.stack_pages if paged else qwen2.stack_cache
     st = st.replace(cache=stack(st.cache["k"], st.cache["v"]))
-  return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
+  return st, dict(tokens_BxC=tok_BxC, logp_BxC=logp_BxC, steps=steps, gen_len_B=st.gen_len_B,
                   active_B=st.active_B)
 
 

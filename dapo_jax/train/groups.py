@@ -16,6 +16,7 @@ class Groups:
   answers: list            # N ground-truth strings
   tokens: np.ndarray       # int32 [N, G, R] response tokens, 0 after the end
   behav_logp: np.ndarray   # float32 [N, G, R] sampler log-probs
+  versions: np.ndarray     # int32 [N, G, R] the policy version that drew each token (0 = pad)
   lengths: np.ndarray      # int32 [N, G] response tokens (EOS included)
   truncated: np.ndarray    # bool [N, G] hit the generation limit
   correct: np.ndarray      # bool [N, G] verifier's verdict
@@ -54,6 +55,7 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
   return Groups(prompts=list(prompts), answers=list(answers),
                 tokens=np.asarray(rollout.tokens, np.int32),
                 behav_logp=np.asarray(rollout.logprobs, np.float32),
+                versions=np.asarray(rollout.versions, np.int32),
                 lengths=np.asarray(rollout.lengths, np.int32),
                 truncated=np.asarray(rollout.truncated, bool), correct=correct, parsed=parsed,
                 score=score, reward=reward.astype(np.float32))

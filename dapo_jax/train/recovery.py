@@ -37,7 +37,7 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   if run.prefilter is not None:  # the same prompts are skipped as without the restart
     run.prefilter.restore(meta["prefilter"])
   run.length_history = overlong.history_from_state(meta["length_history"])
-  run.sampler.update_params(run.state.params)
+  run.sampler.update_params(run.state.params, version=run.step)
   print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
   return meta["results"], meta["metrics_records"]
 

@@ -7,6 +7,7 @@ from dapo_jax import eval as eval_lib
 from dapo_jax import rewards
 from dapo_jax.core import overlong
 from dapo_jax.data.pipeline import encode_prompt
+from dapo_jax.rewards import reflection
 from dapo_jax.train import groups as groups_lib
 from dapo_jax.train import multihost, setup
 from dapo_jax.train.run import Run
@@ -27,10 +28,13 @@ def overlong_cache_len(run: Run) -> int:
       percentile=algo.overlong_adaptive_percentile, max_len=max_len, fallback=algo.overlong_cache_len)
 
 
-def generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.Groups:
-  """Round `round_index` of this step: the next prompts, G samples each, scored; every host's
-  groups gathered in process order (the one-host batch)."""
+def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | None = None,
+                   between_chunks=None) -> groups_lib.Groups:
+  """Round `round_index` of the batch that step `step` (default: this one) trains: the next
+  prompts, G samples each, scored; every host's groups gathered in process order (the one-host
+  batch). between_chunks: passed to the sampler (a partial rollout's weight sync)."""
   cfg, algo = run.cfg, run.cfg.algo
+  step = run.step if step is None else step
   batch = next(run.data)  # this host's contiguous slice of the round's prompts
   pidx, pcount = setup.process_info()
   local = num_prompts // pcount
@@ -38,16 +42,18 @@ def generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.G
     raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {local}")
   if run.prefilter is not None:  # drop prompts recorded as all-correct / all-wrong
     batch = run.prefilter.select(batch, step=run.step)
-  r = cfg.rollout
-  rollout = run.sampler.sample_groups(
-      batch.prompt_ids, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
-      temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      seed=seed_for(cfg.seed, 1, run.step, round_index), eos_ids=run.task.eos_ids,
-      prompt_offset=pidx * local)  # global prompt index: same samples on any host count
+  rollout = cfg.rollout
+  samples = run.sampler.sample_groups(
+      batch.prompt_ids, group_size=rollout.group_size, max_new_tokens=rollout.max_new_tokens,
+      temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+      seed=seed_for(cfg.seed, 1, step, round_index), eos_ids=run.task.eos_ids,
+      prompt_offset=pidx * local,  # global prompt index: same samples on any host count
+      between_chunks=between_chunks)
   scored = groups_lib.score_rollout(
-      rollout, batch.prompt_ids, batch.answers, decode=run.task.decode,
+      samples, batch.prompt_ids, batch.answers, decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(cfg.task.reward), overlong_penalty=algo.overlong_penalty,
-      max_len=r.max_new_tokens, cache_len=overlong_cache_len(run), factor=algo.overlong_factor)
+      max_len=rollout.max_new_tokens, cache_len=overlong_cache_len(run),
+      factor=algo.overlong_factor)
   out = multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
   if algo.overlong_adaptive:  # every host's lengths, so every host computes the same ramp
     run.length_history = overlong.record_lengths(
@@ -57,15 +63,30 @@ def generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.G
   return out
 
 
+def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int) -> dict:
+  """The kept batch's metrics beyond dynamic sampling's: verifier errors since
+  `errors_before` (this process's responses whose parsing raised; scored -1), the overlong
+  ramp's L_cache, reflection phrases, the pre-filter's records."""
+  out = {"verifier_errors": rewards.verifier_errors() - errors_before,
+         "overlong_cache_len": overlong_cache_len(run)}
+  out.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
+      batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
+      reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))
+  if run.prefilter is not None:
+    out.update(run.prefilter.step_metrics())
+  return out
+
+
 def run_eval(run: Run, tag: str) -> dict:
   """avg@k / pass@k / maj@k with CIs on the held-out set (eval.*), tagged."""
-  cfg, eval = run.cfg, run.cfg.eval
+  cfg, evaluation = run.cfg, run.cfg.eval
   prompts = [encode_prompt(run.task.tokenizer, x.prompt,
                            use_chat_template=cfg.task.chat_template)[-cfg.task.max_prompt_len:]
              for x in run.task.eval]
   return eval_lib.evaluate(
-      run.sampler, prompts, [x.answer for x in run.task.eval], k=eval.num_samples,
-      temperature=eval.temperature, top_p=eval.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
+      run.sampler, prompts, [x.answer for x in run.task.eval], k=evaluation.num_samples,
+      temperature=evaluation.temperature, top_p=evaluation.top_p,
+      max_new_tokens=cfg.rollout.max_new_tokens,
       seed=seed_for(cfg.seed, 2, 0), decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
-      bootstrap_samples=eval.bootstrap_samples) | {"tag": tag}
+      bootstrap_samples=evaluation.bootstrap_samples) | {"tag": tag}

@@ -2,6 +2,7 @@
 import dataclasses
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +15,13 @@ from dapo_jax.data.pipeline import PromptIterator
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import GroupSampler
-from dapo_jax.train import checkpoint_dirs, multihost, setup, sft
+from dapo_jax.train import checkpoint_dirs, placement, setup, sft
 from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
+
+if TYPE_CHECKING:  # train/pipeline.py imports this module
+  from dapo_jax.train.pipeline import Pipeline
 
 
 @dataclasses.dataclass
@@ -26,6 +30,7 @@ class Run:
   cfg: Config
   workdir: str
   mesh: jax.sharding.Mesh           # the trainer's (data x fsdp x tensor)
+  placement: placement.Placement    # which devices train and which sample
   task: setup.Task
   graphdef: nnx.GraphDef
   model_config: ModelConfig
@@ -39,14 +44,15 @@ class Run:
   first_length: float | None = None
   length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
   prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
+  pipeline: "Pipeline | None" = None  # the sampler's side when rollout.max_staleness >= 1
 
 
-def _build_sampler(cfg: Config, model, mcfg) -> GroupSampler:
+def _build_sampler(cfg: Config, model, mcfg, placed: placement.Placement) -> GroupSampler:
   """The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
-  own mesh (all chips, replicas x tensor); with several processes each host drives its slice.
-  Its slots and pages come from the KV-cache budget (rollout.kv_cache_gib, num_slots)."""
-  sampler_mesh = setup.build_sampler_mesh(
-      cfg, jax.local_devices() if multihost.is_multi() else None)
+  own mesh (its devices: every chip, or its share of a split; replicas x tensor); with several
+  processes each host drives its own devices. Its slots and pages come from the KV-cache budget
+  (rollout.kv_cache_gib, num_slots)."""
+  sampler_mesh = placement.build_sampler_mesh(cfg, placed.local_sampler())
   return budget.build_sampler(cfg, model, mcfg, sampler_mesh)
 
 
@@ -59,7 +65,8 @@ def _warm_start(cfg: Config, graphdef, params, task, mesh):
 
 
 def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
-  mesh = setup.build_mesh(cfg) if mesh is None else mesh
+  placed = placement.place(cfg)
+  mesh = placement.build_mesh(cfg, placed.trainer) if mesh is None else mesh
   setup.check_batch_fits_mesh(cfg, mesh)
   task = setup.load_task(cfg)
   model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
@@ -74,14 +81,14 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer),
                   out_shardings=state_lib.shardings(params, optimizer, replicated))(params)
-  sampler = _build_sampler(cfg, nnx.merge(graphdef, params), mcfg)
+  sampler = _build_sampler(cfg, nnx.merge(graphdef, params), mcfg, placed)
   pidx, pcount = setup.process_info()
   data = PromptIterator(task.train, task.tokenizer, batch_size=cfg.prompts_per_round,
                         seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
                         shard_index=pidx, num_shards=pcount,
                         use_chat_template=cfg.task.chat_template)
   ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.kl_coef > 0 else None
-  return Run(cfg=cfg, workdir=workdir, mesh=mesh, task=task, graphdef=graphdef,
+  return Run(cfg=cfg, workdir=workdir, mesh=mesh, placement=placed, task=task, graphdef=graphdef,
              model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
              ref_params=ref_params,
              prefilter=prefilter_lib.from_config(cfg.algo, seed=cfg.seed, num_processes=pcount))

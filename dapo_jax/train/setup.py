@@ -18,27 +18,6 @@ _GENERATED_TASKS = {"synthetic": synthetic.SyntheticTask, "arith_nl": arith_nl.A
 _HELDOUT_SETS = tuple(f"{name}_heldout" for name in _GENERATED_TASKS)
 
 
-def build_mesh(cfg: Config, devices=None):
-  mesh = cfg.mesh
-  try:
-    return sharding.make_mesh({"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor},
-                              devices)
-  except ValueError as err:
-    raise ValueError(f"config.mesh: {err}") from None
-
-
-def build_sampler_mesh(cfg: Config, devices=None):
-  """The sampler's mesh on every chip (replicas x tensor parallel): weights are replicated over
-  `data` and split over `tensor` (never FSDP-gathered per decode step); slots split over
-  `data`. With several processes the data axis runs host-major, so each host's slice of it is
-  that host's own sampler (engine.load_params fills it device-to-device)."""
-  devices = jax.devices() if devices is None else devices
-  try:
-    return sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": cfg.mesh.tensor}, devices)
-  except ValueError as err:
-    raise ValueError(f"config.mesh.tensor: sampler mesh: {err}") from None
-
-
 def check_batch_fits_mesh(cfg: Config, mesh, hosts: int | None = None):
   """The sequences of a mini-batch and of each micro-batch split over the mesh's batch shards,
   and a generation round's prompts over the hosts (default: this run's processes)."""

@@ -1,6 +1,6 @@
 """The DAPO loop, top to bottom: `train` runs `rollout_step` until num_steps, then evaluates.
 
-  rollout_step = collect -> prepare -> update -> sync
+  rollout_step = collect -> prepare -> update -> sync          (rollout.max_staleness = 0)
     collect   prompts -> sample_groups (G each) -> verifier reward + Eq. 13 overlong penalty
               -> dynamic sampling (keep 0 < #correct < G, over-generate in rounds)
     prepare   group advantages of the shaped reward -> [prompt][response] rows (overlong
@@ -9,6 +9,10 @@
               its own forward gives them)
     update    num_minibatches jitted optimizer updates (token-level (sum, count) loss)
     sync      trainer params -> the sampler's copy
+  pipelined_step = take -> prepare -> update || collect ahead -> sync   (max_staleness >= 1)
+    take      this step's batch, collected while earlier updates ran (train/pipeline.py)
+    update || collect ahead   the update is dispatched; the sampler collects the next
+              batches while it runs, within the staleness bound, syncing its weights when it ends
   then: health checks -> log -> eval every k steps -> checkpoint
 
 Every DAPO technique is a config switch, so naive GRPO and each Table-1 rung run this same loop.
@@ -17,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +30,9 @@ import numpy as np
 from dapo_jax import metrics as metrics_lib
 from dapo_jax import rewards, sharding
 from dapo_jax.core import advantages, overlong
-from dapo_jax.rewards import reflection
 from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import dynamic_sampling, groups as groups_lib, logprob_pass, multihost
+from dapo_jax.train import pipeline as pipeline_lib
 from dapo_jax.train import recovery, rounds
 from dapo_jax.train import train_step as train_step_lib
 from dapo_jax.train.run import Run, build, jitted_update  # noqa: F401  (the loop's entry points)
@@ -44,8 +49,10 @@ class Prepared:
   batch: MiniBatch
   resp_mask_BxS: np.ndarray  # response tokens (before overlong filtering)
   adv_NxG: np.ndarray
-  logp_BxS: np.ndarray | None  # log-probs under the params that generated the batch (None
-  entropy_BxS: np.ndarray | None  # until an on-policy update computes them)
+  behav_logp_BxS: np.ndarray  # the sampler's log-probs (the batch keeps them only when the
+                              # off-policy correction needs them)
+  logp_BxS: np.ndarray | None  # log-probs under the params the step trains (None until an
+  entropy_BxS: np.ndarray | None  # on-policy update computes them)
 
 
 def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
@@ -56,15 +63,7 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
       functools.partial(rounds.generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=algo.gen_batch_size, max_gen_rounds=algo.max_gen_rounds,
       dynamic=algo.dynamic_sampling)
-  # Responses whose parsing raised (scored -1); this process's count.
-  summary["verifier_errors"] = rewards.verifier_errors() - errors_before
-  summary["overlong_cache_len"] = rounds.overlong_cache_len(run)
-  summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
-      batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
-      reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))
-  if run.prefilter is not None:
-    summary.update(run.prefilter.step_metrics())
-  return batch, summary
+  return batch, summary | rounds.batch_extras(run, batch, errors_before)
 
 
 def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) -> Prepared:
@@ -89,11 +88,11 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
   ref = None
   if algo.kl_coef > 0:
     ref, _ = logprob_pass.batched_logprobs(run, run.ref_params, rows, with_entropy=False)
-  rows = dataclasses.replace(
-      rows, old_logp_BxS=old, ref_logp_BxS=ref,
-      behav_logp_BxS=rows.behav_logp_BxS if algo.is_correction != "none" else None)
-  return Prepared(batch=rows, resp_mask_BxS=resp_mask, adv_NxG=adv_NxG, logp_BxS=logp,
-                  entropy_BxS=entropy)
+  behav = rows.behav_logp_BxS
+  rows = dataclasses.replace(rows, old_logp_BxS=old, ref_logp_BxS=ref,
+                             behav_logp_BxS=behav if algo.is_correction != "none" else None)
+  return Prepared(batch=rows, resp_mask_BxS=resp_mask, adv_NxG=adv_NxG, behav_logp_BxS=behav,
+                  logp_BxS=logp, entropy_BxS=entropy)
 
 
 def update(run: Run, step_fn, batch: MiniBatch) -> tuple[list[dict], list]:
@@ -113,8 +112,9 @@ def update(run: Run, step_fn, batch: MiniBatch) -> tuple[list[dict], list]:
 
 
 def sync(run: Run):
-  """Trainer params -> the sampler's copy (resharded to the sampler's layout)."""
-  run.sampler.update_params(run.state.params)  # device-to-device, with one process or several
+  """Trainer params -> the sampler's copy (resharded to the sampler's layout), as the policy
+  version the update made (the steps done, this one included)."""
+  run.sampler.update_params(run.state.params, version=run.step + 1)  # device to device
 
 
 def rollout_step(run: Run, step_fn) -> dict:
@@ -132,16 +132,43 @@ def rollout_step(run: Run, step_fn) -> dict:
     jax.block_until_ready(run.state)  # timed to completion, not to dispatch
   with timer("sync"):
     sync(run)
-  step_metrics, tokens = multihost.to_host((step_metrics, tokens))  # after the sync's dispatch
+  return _finish(run, batch, prep, step_metrics, tokens, sampling_summary, timer)
+
+
+def pipelined_step(run: Run, step_fn) -> dict:
+  """One step of the asynchronous loop (train/pipeline.py): take this step's batch (collected
+  while earlier updates ran, or now), prepare it, dispatch its update and, while the update
+  runs, collect the next batches; then wait for the update and sync its weights.
+  Returns the step's metrics (host floats)."""
+  pipe, timer = run.pipeline, metrics_lib.PhaseTimer()
+  collected = pipe.take(run)
+  with timer("prepare"):
+    prep = prepare(run, collected.groups)
+  summary = dict(collected.summary, pack_fill=logprob_pass.packed_token_share(run.cfg,
+                                                                              prep.batch))
+  t_update = time.perf_counter()
+  step_metrics, tokens = update(run, step_fn, prep.batch)  # dispatched, not waited for
+  pipe.collect_ahead(run, version=run.step + 1)
+  timer.add("update", pipe.finish_update(run) - t_update)
+  for name, seconds in pipe.step_times().items():
+    timer.add(name.removeprefix("time_").removesuffix("_s"), seconds)
+  step_metrics, tokens = multihost.to_host((step_metrics, tokens))
+  return _finish(run, collected.groups, prep, step_metrics, tokens, summary, timer)
+
+
+def _finish(run: Run, batch, prep: Prepared, step_metrics, tokens, summary, timer) -> dict:
+  """The step's record from host values; counts steps whose every update was skipped."""
   if prep.logp_BxS is None:  # on-policy: the one update's forward gave them
     prep.logp_BxS, prep.entropy_BxS = tokens[0].logp_BxS, tokens[0].entropy_BxS
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
-  return metrics_lib.rollout_metrics(batch, prep, step_metrics, sampling_summary, timer)
+  return metrics_lib.rollout_metrics(batch, prep, step_metrics, summary, timer,
+                                     version=run.step)
 
 
 def _meta(run: Run) -> dict:
-  return {"step": run.step, "data": run.data.state(), "bad_steps": run.bad_steps,
+  data = run.pipeline.resume_data_state(run) if run.pipeline else run.data.state()
+  return {"step": run.step, "data": data, "bad_steps": run.bad_steps,
           "first_length": run.first_length, "seed": run.cfg.seed,
           "prefilter": run.prefilter.state() if run.prefilter is not None else None,
           "length_history": overlong.history_state(run.length_history),
@@ -179,11 +206,14 @@ def train(run: Run, *, resume: bool) -> dict:
   # and cuts metrics.jsonl back to this checkpoint.
   save = lambda: ckpt.save(run.step, run.state, _meta(run) | {  # noqa: E731
       "results": dict(results), "metrics_records": writer.records})
+  if cfg.rollout.max_staleness:  # from the restored step: the batches ahead start there
+    run.pipeline = pipeline_lib.Pipeline(run)
+  step = pipelined_step if run.pipeline else rollout_step
   notice = recovery.Notice()
   try:
     while run.step < cfg.train.num_steps and not notice.stop_now():
       ckpt.poll()  # a failed background save stops the run here, not at the next save
-      m = rollout_step(run, step_fn)
+      m = step(run, step_fn)
       run.step += 1
       _log_step(run, m, writer, health)
       if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
