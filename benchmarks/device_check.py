@@ -102,7 +102,8 @@ def run(name: str, cmd: list, env: dict, log_dir: str) -> dict:
                         check=False).returncode
   with open(log) as f:
     lines = f.read().splitlines()
-  out = dict(rc=rc, wall_s=round(time.perf_counter() - t0, 1), log=log)
+  out = dict(rc=rc, wall_s=round(time.perf_counter() - t0, 1), log=log,
+             last_line=next((x for x in reversed(lines) if x.strip()), ""))
   if rc:
     out["tail"] = lines[-15:]
   print(f"[device_check] {name}: rc {rc}, {out['wall_s']} s", flush=True)
@@ -124,6 +125,12 @@ def peers_ready(path, timeout_s: float = 1800) -> bool:
     return True
   with open(path) as f:
     return f.read().strip() == "0"
+
+
+def evals(results):
+  """The main job's held-out figures before and after training (no sample texts)."""
+  return results and {k: {m: v for m, v in results[k].items() if isinstance(v, (int, float))}
+                      for k in ("before", "after") if isinstance(results.get(k), dict)}
 
 
 def read_json(path: str):
@@ -176,7 +183,7 @@ def summarize(work: str, runs: dict, args) -> dict:
       date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), dry_run=args.dry_run,
       host=common.host(), model=dict(size=size, **common.MODELS[size]), steps=runs,
       kernels=fig["kernels"], main=dict(config=main_cfg, **runs.get("main", {}),
-                                         results=read_json(f"{work}/main/results.json")),
+                                         results=evals(read_json(f"{work}/main/results.json"))),
       update={"dapo_jax": pick(fig["update"], "tok_per_s", "update_s", "logprob_tok_per_s",
                                "peak_bytes", "peak_rss_bytes", "platform", "setting"),
               "torch": pick(fig["torch_update"], "tok_per_s", "update_s", "peak_bytes",
