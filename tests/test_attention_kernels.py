@@ -180,6 +180,7 @@ def test_auto_per_platform():
   with pytest.raises(ValueError, match="attention_impl=gpu_flash needs the device mesh"):
     attention.resolve("gpu_flash", None)
   assert attention_gpu.flash_block(37) == 64 and attention_gpu.flash_block(500) == 128
+  assert attention_gpu.flash_block(500, 128 * 4) == 64  # float32 tiles at head_dim 128
 
   def kernel(impl, platform, head_dim=128, page_size=16, per_block=1):
     return device_fns.paged_kernel(impl, platform=platform, head_dim=head_dim,

@@ -1,10 +1,10 @@
-"""Training attention that never builds a [B, T, T] mask: blocked online softmax, or splash on TPU.
+"""Training attention without a [B, T, T] mask: blocked online softmax, or a Pallas kernel.
 
 Both take segment ids: query t sees key s iff s <= t and q_seg[t] == kv_seg[s]. Packed rows
 (several sequences per row, `train/packing.py`) pass the same ids for both; a right-padded row
 passes q_seg = 1 and kv_seg = its mask, which is the plain path's `causal & mask[s]`.
 
-- `blocked_attend` (CPU, GPU, and the reference): blocks of `block` queries against blocks of
+- `blocked_attend` (CPU, and the reference): blocks of `block` queries against blocks of
   `block` keys with a running max and sum (flash attention), key blocks past the diagonal never
   computed (causal skipping: ~half the work of the dense form). A custom VJP recomputes each
   block's probabilities from the saved log-sum-exp, so training memory is one block of scores

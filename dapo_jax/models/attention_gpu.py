@@ -23,10 +23,13 @@ from dapo_jax.models import attention_shard as shard
 MIN_HEAD_DIM = 16  # the kernel's matmuls need a contraction of >= 16 (Triton's dot)
 
 
-def flash_block(t: int) -> int:
-  """Query / key block of the forward kernel: 128 (jax's default), or for short rows the
-  smallest power of two >= T and >= 16 (the kernel needs T a multiple of it)."""
-  return 128 if t >= 128 else max(16, 1 << (t - 1).bit_length())
+def flash_block(t: int, row_bytes: int = 256) -> int:
+  """Query / key block of the forward kernel: 128 (jax's default), 64 when one row of a tile
+  (head_dim x itemsize) is 512 bytes or more (float32 at head_dim 128: the q, k and v tiles of
+  128 rows, double-buffered, would pass the 228 KiB of shared memory of an H100 / H200 SM), or
+  for short rows the smallest power of two >= T and >= 16 (the kernel needs T a multiple)."""
+  top = 128 if row_bytes < 512 else 64
+  return top if t >= top else max(16, 1 << (t - 1).bit_length())
 
 
 def _flash_local(q, k, v, q_seg, kv_seg, *, block: int, interpret: bool):
@@ -48,7 +51,8 @@ def _flash_local(q, k, v, q_seg, kv_seg, *, block: int, interpret: bool):
 def gpu_flash_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh):
   """`blocked_attend`'s maths (see the module doc for padded queries) by the Pallas GPU flash
   kernel, under `shard_map` over the mesh's batch and head axes."""
-  block = flash_block(q_BxTxHxK.shape[1])
+  row_bytes = max(q_BxTxHxK.shape[3], MIN_HEAD_DIM) * q_BxTxHxK.dtype.itemsize
+  block = flash_block(q_BxTxHxK.shape[1], row_bytes)
   local = functools.partial(_flash_local, block=block,
                             interpret=shard.platform(mesh) != "gpu")
   return shard.sharded_attend(local, q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT,

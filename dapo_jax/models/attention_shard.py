@@ -19,17 +19,18 @@ def platform(mesh) -> str:
 
 
 def check_tpu_interpretable(mesh, what: str):
-  """A Pallas TPU kernel runs on a CPU mesh only in interpret mode, whose host callbacks deadlock
-  (jax 0.10.2) when every CPU device of the process runs the kernel at once: each device's
-  thread blocks in a callback waiting for a copy to CPU device 0 that needs a free thread of
-  the same pool (seen on 2 of 2, 4 of 4 and 8 of 8 devices; 4 of 5, 7 of 8 and 1 of 1 run)."""
+  """A Pallas TPU kernel runs on a CPU mesh only in interpret mode, whose host callbacks can
+  deadlock (jax 0.10.2) when every CPU device of the process runs the kernel at once: each
+  device's thread blocks in a callback waiting for its buffer's copy to CPU device 0, which
+  needs a free thread of the same pool (splash at T = 256 hung on 2 of 2, 4 of 4 and 8 of 8
+  devices and ran on 4 of 5, 7 of 8, 8 of 16 and 1 of 1). Refused here rather than hung."""
   if platform(mesh) != "cpu":
     return
   here = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
   if 1 < len(here) >= jax.local_device_count("cpu"):
     raise ValueError(
         f"{what}: Pallas TPU interpret mode on a CPU mesh of all {len(here)} CPU devices of the "
-        "process deadlocks; use a mesh that leaves one CPU device idle (e.g. "
+        "process can deadlock; use a mesh that leaves one CPU device idle (e.g. "
         f"--xla_force_host_platform_device_count={len(here) + 1})")
 
 
