@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
       remat=False,
       scan_layers=True,         # lax.scan over layers (False: unrolled; faster on CPU, compiles per layer)
       logits_chunk=512,         # tokens per log-prob chunk
-      attention_impl="auto",    # training attention: splash on TPU, blocked elsewhere (models/attention.py)
+      attention_impl="auto",    # training attention: splash on TPU, gpu_flash on GPU, blocked elsewhere (models/attention.py)
       attention_chunk=256,      # positions per attention block (blocked: causal skipping)
   )
   c.task = dict(

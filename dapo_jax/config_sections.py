@@ -31,7 +31,7 @@ class ModelCfg:
   scan_layers: bool           # full-sequence passes: layers under lax.scan (compile time flat in
                               # depth) or unrolled (False: ~15 % faster updates on CPU)
   logits_chunk: int           # tokens per chunk of the chunked log-prob computation
-  attention_impl: str         # training attention: auto (splash on TPU, else blocked) | blocked | splash | plain
+  attention_impl: str         # training attention: auto (splash on TPU, gpu_flash on GPU, else blocked) | blocked | splash | gpu_flash | plain
   attention_chunk: int        # positions per attention block (blocked / plain training attention)
 
 

@@ -63,8 +63,8 @@ class Engine(engine_api.Engine):
   paged_kv: keep K/V in a page pool (`models/paged.py`; the group sampler allocates the pages,
     JetStream's orchestrator needs the dense cache) of num_pages pages of page_size tokens
     (None = every slot at max_len, plus one null page per batch shard). paged_impl: one of
-    device_fns.PAGED_IMPLS ("auto" = the Pallas kernel on TPU when head_dim is a multiple of
-    128, else the reference gather).
+    device_fns.PAGED_IMPLS ("auto" = the platform's Pallas kernel on TPU and GPU where its block
+    rules hold, else the reference gather; `device_fns.paged_kernel`).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
