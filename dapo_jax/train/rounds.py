@@ -6,7 +6,7 @@ import numpy as np
 from dapo_jax import eval as eval_lib
 from dapo_jax import rewards
 from dapo_jax.core import overlong
-from dapo_jax.data.pipeline import encode_prompt
+from dapo_jax.data.pipeline import encode_eval_prompts
 from dapo_jax.train import groups as groups_lib
 from dapo_jax.train import multihost, setup
 from dapo_jax.train.run import Run
@@ -58,14 +58,15 @@ def generate_round(run: Run, round_index: int, num_prompts: int) -> groups_lib.G
 
 
 def run_eval(run: Run, tag: str) -> dict:
-  """avg@k / pass@k / maj@k with CIs on the held-out set (eval.*), tagged."""
+  """avg@k / pass@k / maj@k with CIs on the held-out set (eval.*), tagged, with the number of
+  prompts cut to task.max_prompt_len."""
   cfg, eval = run.cfg, run.cfg.eval
-  prompts = [encode_prompt(run.task.tokenizer, x.prompt,
-                           use_chat_template=cfg.task.chat_template)[-cfg.task.max_prompt_len:]
-             for x in run.task.eval]
+  prompts, cut = encode_eval_prompts(run.task.tokenizer, [x.prompt for x in run.task.eval],
+                                     max_prompt_len=cfg.task.max_prompt_len,
+                                     use_chat_template=cfg.task.chat_template)
   return eval_lib.evaluate(
       run.sampler, prompts, [x.answer for x in run.task.eval], k=eval.num_samples,
       temperature=eval.temperature, top_p=eval.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
       seed=seed_for(cfg.seed, 2, 0), decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
-      bootstrap_samples=eval.bootstrap_samples) | {"tag": tag}
+      bootstrap_samples=eval.bootstrap_samples) | {"tag": tag, "prompts_truncated": cut}

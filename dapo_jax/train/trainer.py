@@ -52,12 +52,15 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
   algo = run.cfg.algo
   errors_before = rewards.verifier_errors()
+  truncated_before = run.data.num_truncated
   batch, summary, _ = dynamic_sampling.fill_batch(
       functools.partial(rounds.generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=algo.gen_batch_size, max_gen_rounds=algo.max_gen_rounds,
       dynamic=algo.dynamic_sampling)
   # Responses whose parsing raised (scored -1); this process's count.
   summary["verifier_errors"] = rewards.verifier_errors() - errors_before
+  # Prompts this process cut to task.max_prompt_len tokens this step.
+  summary["prompts_truncated"] = run.data.num_truncated - truncated_before
   summary["overlong_cache_len"] = rounds.overlong_cache_len(run)
   summary.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
