@@ -173,9 +173,12 @@ def _run(cmd: list[str], *, dry: bool, capture: bool = False) -> str:
 
 
 def get_slice(args, pod: Pod) -> None:
-  """--queued_resource: asks for the slice unless it is there, then waits for ACTIVE."""
+  """--queued_resource: asks for the slice unless it is there (a failed or preempted request
+  is deleted and asked for again), then waits for ACTIVE."""
   state_cmd = launch_pod.queued_resource_state(pod)
   state = "" if args.dry_run else _state(state_cmd)
+  if state in launch_pod.FAILED_STATES:
+    _run(launch_pod.queued_resource_delete(pod), dry=False)
   if state in ("", *launch_pod.FAILED_STATES):
     _run(launch_pod.queued_resource_create(
         pod, accelerator_type=args.accelerator_type, capacity=args.capacity,
@@ -187,8 +190,8 @@ def get_slice(args, pod: Pod) -> None:
     state = _state(state_cmd)
     print(f"[slice] {pod.tpu_name}: {state or 'not found'}", flush=True)
     if state in launch_pod.FAILED_STATES:
-      raise LaunchError(f"queued resource {pod.tpu_name} is {state}: delete it (gcloud compute "
-                        f"tpus queued-resources delete {pod.tpu_name} --force) and relaunch")
+      raise LaunchError(f"queued resource {pod.tpu_name} is {state} (no capacity granted): "
+                        f"rerun the launch to ask again, or try --capacity / another zone")
 
 
 def _state(cmd: list[str]) -> str:

@@ -58,6 +58,12 @@ def queued_resource_create(pod: Pod, *, accelerator_type: str, runtime: str,
   return cmd + {"on-demand": [], "spot": ["--spot"], "reserved": ["--reserved"]}[capacity]
 
 
+def queued_resource_delete(pod: Pod) -> list[str]:
+  """Removes a request that failed or whose slice was preempted (its TPU VM too), so that the
+  same name can be asked for again."""
+  return pod.gcloud("queued-resources delete", pod.tpu_name, flags=("--force", "--quiet"))
+
+
 def queued_resource_state(pod: Pod) -> list[str]:
   """Prints the request's state (WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED, ...)."""
   return pod.gcloud("queued-resources describe", pod.tpu_name,

@@ -121,14 +121,14 @@ def test_a_failed_export_names_the_directory(tmp_path, monkeypatch):
     main_lib.export(run, str(blocked))
   assert refusals.error_line(e.value).startswith(
       f"error: export of the trained policy to {blocked} failed: ")
-  from dapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  import safetensors.numpy  # pylint: disable=import-outside-toplevel
   from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
 
   def full_disk(*args, **kwargs):
     raise SafetensorError('Error while serializing: I/O error: No space left on device (os '
                           'error 28)')
 
-  monkeypatch.setattr(hf_io, "save_file", full_disk)
+  monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
   with pytest.raises(refusals.Refusal) as e:
     main_lib.export(run, str(tmp_path / "full"))
   assert refusals.error_line(e.value) == (

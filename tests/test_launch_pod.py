@@ -138,8 +138,13 @@ def test_queued_resource_is_awaited_until_active(monkeypatch, capsys):
   ran.clear()
   launch.get_slice(args, launch_pod.Pod("mypod", "us-east5-a"))
   assert ran == []
+  states = iter(["SUSPENDED", "ACTIVE"])  # the slice was preempted: asked for again
+  launch.get_slice(args, launch_pod.Pod("mypod", "us-east5-a"))
+  assert [c[3:6] for c in ran] == [["queued-resources", "delete", "mypod"],
+                                   ["queued-resources", "create", "mypod"]]
+  assert ran[0][-2:] == ["--force", "--quiet"]
   states = iter(["", "FAILED"])
-  with pytest.raises(ValueError, match="queued resource mypod is FAILED: delete it"):
+  with pytest.raises(ValueError, match="queued resource mypod is FAILED .*rerun the launch"):
     launch.get_slice(args, launch_pod.Pod("mypod", "us-east5-a"))
 
 

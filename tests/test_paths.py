@@ -154,3 +154,39 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
   assert len(os.listdir(wd / "tensorboard")) == 2  # one event file per start
   history = (wd / "config.history.jsonl").read_text().splitlines()
   assert [json.loads(h)["resumed_from_step"] for h in history] == [None, 1]
+
+
+def test_load_pretrained_from_a_bucket_reads_each_row_once(bucket, monkeypatch, cpu_devices):
+  """The shipped tiny base in a bucket loads bitwise equal to the local one onto an 8-device
+  mesh; each tensor's bytes are read once in all, in one block of rows per device."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from dapo_jax import remote_safetensors, sharding  # pylint: disable=import-outside-toplevel
+  from dapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
+  root, _ = bucket
+  local = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "dapo_jax", "assets", "tiny_base")
+  shutil.copytree(local, root / "b" / "tiny_base")
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, cpu_devices)
+  reads = []
+  read_rows = remote_safetensors.LazyTensor.read_rows
+
+  def counted(self, lo, hi):
+    out = read_rows(self, lo, hi)
+    reads.append((self.hf_shape, lo, hi, out.nbytes))
+    return out
+
+  monkeypatch.setattr(remote_safetensors.LazyTensor, "read_rows", counted)
+  remote, rcfg = hf_io.load_pretrained("gs://b/tiny_base", mesh=mesh)
+  want, wcfg = hf_io.load_pretrained(local, mesh=mesh)
+  assert rcfg == wcfg
+  for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(remote)),
+                               nnx.to_flat_state(nnx.state(want))):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
+    assert a.get_value().sharding == b.get_value().sharding, path
+  # Every byte once in all (no host-wide whole-tensor reads), and a tensor whose rows split
+  # over the 8 devices is read as 8 blocks of rows, one per device.
+  params = jax.tree.leaves(nnx.state(want))
+  assert sum(r[3] for r in reads) == sum(x.size * x.dtype.itemsize for x in params)
+  split = [(shape, lo, hi) for shape, lo, hi, _ in reads if hi - lo < shape[0]]
+  assert split and all(hi - lo == shape[0] // 8 for shape, lo, hi in split)
