@@ -17,6 +17,7 @@ a resume that changes the experiment, a full disk, a failed save or export, a lo
 with exit status 1 and one `error: ...` line, last on stderr; the traceback goes to
 <workdir>/errors.log, and above that line with --debug (dapo_jax.refusals).
 """
+import dataclasses
 import json
 import sys
 import traceback
@@ -35,11 +36,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
 
+@dataclasses.dataclass
 class _Started:
   """How far the job got: the workdir (once known), its lock, whether JAX's processes are up."""
   workdir: str | None = None
-  lock = None
-  distributed = False
+  lock: object | None = None  # the run_lock.RunLock, once this process holds the workdir
+  distributed: bool = False
 
 
 def _fmt(e: dict, key: str) -> str:

@@ -157,3 +157,23 @@ def test_tensorflow_starts_quietly():
   calm = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=300, check=False)
   assert calm.stderr.strip().splitlines() == ["imported"], calm.stderr
+
+
+def test_a_failed_start_on_a_full_disk_leaves_no_probe(tmp_path, monkeypatch):
+  """The write probe's file is created, then the disk is full: the refusal names the
+  directory and the empty probe is gone (it used to stay)."""
+  from etils.epath import gpath  # pylint: disable=import-outside-toplevel
+  from dapo_jax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+
+  def full(self, data, *args, **kwargs):
+    with self.open("w") as f:
+      f.write("")
+    raise OSError(errno.ENOSPC, "No space left on device", os.fspath(self))
+
+  monkeypatch.setattr(gpath.PosixGPath, "write_text", full)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), keep=1, async_save=False)
+  assert refusals.error_line(e.value) == (
+      f"error: cannot use checkpoint directory {tmp_path}/checkpoints: [Errno 28] No space "
+      f"left on device: '{tmp_path}/checkpoints/.write_probe'")
+  assert os.listdir(tmp_path / "checkpoints") == []

@@ -119,7 +119,9 @@ def _records(text):
 
 
 def _cfg():
-  return tiny_config(**{"checkpoint.every_steps": 1, "log.tensorboard": True})
+  # max_prompt_len 64 < the task's 66-70 prompt tokens: every prompt is cut, and counted.
+  return tiny_config(**{"checkpoint.every_steps": 1, "log.tensorboard": True,
+                        "task.max_prompt_len": 64})
 
 
 def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
@@ -151,6 +153,9 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
   assert _records((wd / "metrics.jsonl").read_text()) == _records(
       (tmp_path / "ref/metrics.jsonl").read_text())
   assert sorted(os.listdir(wd / "checkpoints")) == ["1", "2"]
+  train = [r for r in _records((wd / "metrics.jsonl").read_text()) if r["kind"] == "train"]
+  assert all(r["prompts_truncated"] == r["prompts_sampled"] > 0 for r in train)
+  assert results["before"]["prompts_truncated"] == results["after"]["prompts_truncated"] == 4
   assert len(os.listdir(wd / "tensorboard")) == 2  # one event file per start
   history = (wd / "config.history.jsonl").read_text().splitlines()
   assert [json.loads(h)["resumed_from_step"] for h in history] == [None, 1]

@@ -56,6 +56,12 @@ def test_resumable_fields_pass_and_are_returned(tmp_path):
   assert run_config.resumable("checkpoint.keep") and not run_config.resumable("algo.eps_low")
 
 
+def test_every_resumable_name_is_a_config_field_or_section():
+  fields = run_config.flatten(run_config.as_record(tiny_config()))
+  for name in run_config.RESUMABLE:
+    assert any(f == name or (name.endswith(".") and f.startswith(name)) for f in fields), name
+
+
 def test_a_field_the_checkpoint_predates_is_not_compared(tmp_path):
   record = run_config.as_record(tiny_config())
   del record["task"]["skip_bad"]  # saved by a version without the field
