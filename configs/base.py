@@ -14,7 +14,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = dict(
       source="config",          # "config" = init from these fields | "hf" = load hf_path
-      hf_path="",               # local HF checkpoint directory
+      hf_path="",               # HF checkpoint directory: local, or a URL (gs://...)
       vocab_size=0,             # tokens; 0 = the tokenizer's vocabulary
       hidden_size=128,          # channels
       intermediate_size=384,    # channels (SwiGLU)
@@ -43,7 +43,8 @@ def base_config() -> ml_collections.ConfigDict:
       chat_template=False,      # prompt = one user message in the tokenizer's chat template
       max_prompt_len=96,        # tokens (left-truncated beyond)
       reward="math_answer",
-      data_dir="",              # "" = ../shared/data beside the repo
+      data_dir="",              # "" = ../shared/data beside the repo; a URL (gs://...) works
+      skip_bad=False,           # True: skip and count bad data rows ([data] line) instead of stopping
   )
   c.warm_start = dict(steps=0, batch_size=64, lr=1e-3,  # steps, sequences, lr
                       # demonstrations (data/testbed.py), probabilities per reasoning line;

@@ -15,7 +15,7 @@ ModeParams = tuple[tuple[str, tuple[tuple[str, float | None], ...]], ...]
 @dataclasses.dataclass(frozen=True)
 class ModelCfg:
   source: str                 # "config" (init from the fields below) | "hf" (load hf_path)
-  hf_path: str                # local HF checkpoint dir when source == "hf"
+  hf_path: str                # HF checkpoint dir when source == "hf": local or a URL (gs://...)
   vocab_size: int             # tokens; 0 = take the tokenizer's vocabulary size
   hidden_size: int            # channels
   intermediate_size: int      # channels of the SwiGLU MLP
@@ -50,7 +50,8 @@ class TaskCfg:
   chat_template: bool         # wrap each prompt as one user message in the tokenizer's chat template
   max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)
   reward: str                 # key of dapo_jax.rewards.REWARD_FNS
-  data_dir: str               # "" = the shared data dir beside the repo
+  data_dir: str               # "" = the shared data dir beside the repo; may be a URL (gs://...)
+  skip_bad: bool              # skip (and count) bad data rows instead of stopping at the first
 
 
 @dataclasses.dataclass(frozen=True)

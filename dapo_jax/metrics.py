@@ -9,6 +9,7 @@ import time
 import jax
 import numpy as np
 
+from dapo_jax import paths
 from dapo_jax.core import stats
 
 log = logging.getLogger("dapo_jax")
@@ -26,6 +27,8 @@ class MetricWriter:
   existing metrics.jsonl stay, later ones (written after that checkpoint, before a kill) are
   dropped and counted in a log line, and TensorBoard hides events after the last kept step
   (its purge_step). 0 starts both logs afresh. `records` counts the records in the file.
+  The workdir may be a bucket (gs://): there each record rewrites the file in one upload (an
+  object store cannot append), locally it is appended and flushed.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool, progress: bool, total_steps: int,
@@ -33,39 +36,37 @@ class MetricWriter:
     self.is_main = is_main
     self.progress = progress and is_main
     self.total_steps = total_steps
-    self.path = os.path.join(workdir, filename)
+    self.path = os.fspath(paths.resolve(workdir) / filename)
     self.records = keep_records
-    self._tb = None
+    self._tb = self._f = self._lines = None
     if is_main:
-      os.makedirs(workdir, exist_ok=True)
-      last_step = self._truncate(keep_records)
-      self._f = open(self.path, "a", encoding="utf-8")
+      paths.makedirs(workdir)
+      self._lines = self._truncate(keep_records)
+      last_step = json.loads(self._lines[-1])["step"] if self._lines else None
+      if not paths.is_url(self.path):
+        self._f, self._lines = open(self.path, "a", encoding="utf-8"), None
       if tensorboard:
         import tensorboardX  # pylint: disable=import-outside-toplevel
         self._tb = tensorboardX.SummaryWriter(
-            os.path.join(workdir, "tensorboard"),
+            paths.tensorboard_dir(paths.resolve(workdir) / "tensorboard"),
             purge_step=0 if last_step is None else last_step + 1)
     self._t0 = time.time()
 
-  def _truncate(self, keep: int) -> int | None:
-    """Keeps the first `keep` records of the file (atomically); returns the last kept step."""
+  def _truncate(self, keep: int) -> list[str]:
+    """Keeps the first `keep` records of the file (atomically); returns them."""
     lines = []
-    if os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        lines = [ln for ln in f.read().split("\n") if ln.strip()]
+    if paths.resolve(self.path).exists():
+      lines = [ln for ln in paths.read_text(self.path).split("\n") if ln.strip()]
     if len(lines) < keep:  # the log was cut or replaced: resume anyway, and say so
       log.warning("%s: %d records, but the restored checkpoint was saved after record %d; "
                   "the earlier records are missing", self.path, len(lines), keep)
       self.records = len(lines)
     kept = lines[:keep]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write("".join(ln + "\n" for ln in kept))
-    os.replace(tmp, self.path)
+    paths.write_text(self.path, "".join(ln + "\n" for ln in kept))
     if len(lines) > keep:
       print(f"[metrics] {self.path}: kept {keep} records, dropped {len(lines) - keep} written "
             f"after the restored checkpoint", flush=True)
-    return json.loads(kept[-1])["step"] if kept else None
+    return kept
 
   def write(self, step: int, metrics: dict, *, kind: str = "train"):
     if not self.is_main:
@@ -79,8 +80,7 @@ class MetricWriter:
       else:
         f = to_float(v)
         rec[k] = f if math.isfinite(f) else str(f)
-    self._f.write(json.dumps(rec, sort_keys=True) + "\n")
-    self._f.flush()
+    self._append(json.dumps(rec, sort_keys=True))
     self.records += 1
     if self._tb is not None:
       for k, v in rec.items():
@@ -93,6 +93,14 @@ class MetricWriter:
       self._tb.flush()
     if self.progress and kind == "train":
       self._console(step, rec)
+
+  def _append(self, line: str):
+    if self._f is not None:
+      self._f.write(line + "\n")
+      self._f.flush()
+    else:  # a bucket: the whole file again, in one upload
+      self._lines.append(line)
+      paths.write_text(self.path, "".join(ln + "\n" for ln in self._lines))
 
   def _console(self, step, rec):
     width = 20
@@ -107,7 +115,8 @@ class MetricWriter:
 
   def close(self):
     if self.is_main:
-      self._f.close()
+      if self._f is not None:
+        self._f.close()
       if self._tb is not None:
         self._tb.close()
 

@@ -52,6 +52,7 @@ class _Filling:
   step: int
   data_state: dict
   errors_before: int
+  truncated_before: int
 
 
 class Pipeline:
@@ -127,14 +128,15 @@ class Pipeline:
       filler = dynamic_sampling.BatchFiller(
           generate, batch_size=cfg.train.batch_size, gen_batch_size=algo.gen_batch_size,
           max_gen_rounds=algo.max_gen_rounds, dynamic=algo.dynamic_sampling)
-      self.filling = _Filling(filler, step, run.data.state(), rewards.verifier_errors())
+      self.filling = _Filling(filler, step, run.data.state(), rewards.verifier_errors(),
+                              run.data.num_truncated)
     t0 = time.perf_counter()
     self.filling.filler.round()
     self.times["rollout"] += time.perf_counter() - t0
     f = self.filling
     if f.filler.done:
       batch, summary, _ = f.filler.result()
-      summary = summary | rounds.batch_extras(run, batch, f.errors_before)
+      summary = summary | rounds.batch_extras(run, batch, f.errors_before, f.truncated_before)
       self.buffer.append(Collected(batch, summary, f.step, f.data_state))
       self.filling = None
 

@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dapo_jax.core import overlong
+from dapo_jax.train import checkpoint_dirs
 
 
 def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
@@ -23,9 +24,7 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   Returns the results so far (the "before" eval) and the number of metrics.jsonl records
   written when that checkpoint was saved; ({}, 0) for a run that starts at step 0."""
   if not resume:
-    if ckpt.steps():  # never write into an earlier run's checkpoints and logs
-      raise ValueError(f"{ckpt.directory} holds checkpoints (steps {ckpt.steps()}) of an "
-                       f"earlier run: pass --resume to continue it, or use a new --workdir")
+    checkpoint_dirs.check_fresh(ckpt.directory)  # never write into an earlier run's files
     return {}, 0
   got = ckpt.restore_latest(run.state)
   if got is None:

@@ -6,7 +6,7 @@ import numpy as np
 from dapo_jax import eval as eval_lib
 from dapo_jax import rewards
 from dapo_jax.core import overlong
-from dapo_jax.data.pipeline import encode_prompt
+from dapo_jax.data.pipeline import encode_eval_prompts
 from dapo_jax.rewards import reflection
 from dapo_jax.train import groups as groups_lib
 from dapo_jax.train import multihost, setup
@@ -63,11 +63,14 @@ def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | 
   return out
 
 
-def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int) -> dict:
-  """The kept batch's metrics beyond dynamic sampling's: verifier errors since
-  `errors_before` (this process's responses whose parsing raised; scored -1), the overlong
+def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int,
+                 truncated_before: int) -> dict:
+  """The kept batch's metrics beyond dynamic sampling's, counted on this process since the
+  batch's first round: verifier errors (responses whose parsing raised; scored -1) above
+  `errors_before`, prompts cut to task.max_prompt_len above `truncated_before`; the overlong
   ramp's L_cache, reflection phrases, the pre-filter's records."""
   out = {"verifier_errors": rewards.verifier_errors() - errors_before,
+         "prompts_truncated": run.data.num_truncated - truncated_before,
          "overlong_cache_len": overlong_cache_len(run)}
   out.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
@@ -78,15 +81,16 @@ def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int) -> dict
 
 
 def run_eval(run: Run, tag: str) -> dict:
-  """avg@k / pass@k / maj@k with CIs on the held-out set (eval.*), tagged."""
+  """avg@k / pass@k / maj@k with CIs on the held-out set (eval.*), tagged, with the number of
+  prompts cut to task.max_prompt_len."""
   cfg, evaluation = run.cfg, run.cfg.eval
-  prompts = [encode_prompt(run.task.tokenizer, x.prompt,
-                           use_chat_template=cfg.task.chat_template)[-cfg.task.max_prompt_len:]
-             for x in run.task.eval]
+  prompts, cut = encode_eval_prompts(run.task.tokenizer, [x.prompt for x in run.task.eval],
+                                     max_prompt_len=cfg.task.max_prompt_len,
+                                     use_chat_template=cfg.task.chat_template)
   return eval_lib.evaluate(
       run.sampler, prompts, [x.answer for x in run.task.eval], k=evaluation.num_samples,
       temperature=evaluation.temperature, top_p=evaluation.top_p,
       max_new_tokens=cfg.rollout.max_new_tokens,
       seed=seed_for(cfg.seed, 2, 0), decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(cfg.task.reward), eos_ids=run.task.eos_ids,
-      bootstrap_samples=evaluation.bootstrap_samples) | {"tag": tag}
+      bootstrap_samples=evaluation.bootstrap_samples) | {"tag": tag, "prompts_truncated": cut}

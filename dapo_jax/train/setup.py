@@ -5,7 +5,7 @@ import os
 
 import jax
 
-from dapo_jax import sharding
+from dapo_jax import paths, sharding
 from dapo_jax.config import Config
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
@@ -48,7 +48,8 @@ class Task:
 
 def load_task(cfg: Config) -> Task:
   task = cfg.task
-  tok = tokenizer_lib.load_tokenizer(None if task.tokenizer == "synthetic" else task.tokenizer)
+  tok = tokenizer_lib.load_tokenizer(None if task.tokenizer == "synthetic" else paths.copy_to_local(
+      resolve_path(task.tokenizer), hf_io.TOKENIZER_FILES))  # a bucket's files copied here
   generated = _GENERATED_TASKS.get(task.name)
   if generated is not None:
     if task.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
@@ -58,7 +59,8 @@ def load_task(cfg: Config) -> Task:
     generated = generated(difficulty=task.difficulty, seed=cfg.seed)
     train = generated.examples("train", task.num_train)
   else:
-    train, report = readers.load_examples(task.name, data_dir=task.data_dir or None)
+    train, report = readers.load_examples(task.name, data_dir=task.data_dir or None,
+                                          skip_bad=task.skip_bad)
     print(f"[data] {task.name}: {report.summary()}")
   evals = _eval_examples(cfg, generated)
   if tok.eos_token_id is None:
@@ -78,7 +80,9 @@ def _eval_examples(cfg: Config, generated) -> list:
                        f"{task.eval_name.removesuffix('_heldout')!r}, got {task.name!r}")
     evals = generated.examples("heldout", cfg.eval.num_problems or 256)
   elif task.eval_name in _EVAL_SETS:
-    evals, _ = readers.load_examples(task.eval_name, data_dir=task.data_dir or None)
+    evals, report = readers.load_examples(task.eval_name, data_dir=task.data_dir or None,
+                                          skip_bad=task.skip_bad)
+    print(f"[data] {task.eval_name}: {report.summary()}")
   elif task.eval_name == "math_500_easy":  # MATH-500's integer-answer level 1-2 problems
     evals = readers.load_math_500_easy(data_dir=task.data_dir or None)
   elif task.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
@@ -148,8 +152,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def resolve_path(path: str) -> str:
-  """An absolute path, a path relative to the working directory, or else to the repo root."""
-  if os.path.isabs(path) or os.path.exists(path):
+  """A URL (gs://...) or an absolute path as it is; a path relative to the working directory,
+  or else to the repo root."""
+  if paths.is_url(path) or os.path.isabs(path) or os.path.exists(path):
     return path
   return os.path.join(REPO_ROOT, path)
 

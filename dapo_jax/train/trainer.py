@@ -59,11 +59,12 @@ def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
   """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
   algo = run.cfg.algo
   errors_before = rewards.verifier_errors()
+  truncated_before = run.data.num_truncated
   batch, summary, _ = dynamic_sampling.fill_batch(
       functools.partial(rounds.generate_round, run), batch_size=run.cfg.train.batch_size,
       gen_batch_size=algo.gen_batch_size, max_gen_rounds=algo.max_gen_rounds,
       dynamic=algo.dynamic_sampling)
-  return batch, summary | rounds.batch_extras(run, batch, errors_before)
+  return batch, summary | rounds.batch_extras(run, batch, errors_before, truncated_before)
 
 
 def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) -> Prepared:
