@@ -32,9 +32,11 @@ COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mod
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
 COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0, 1, 2, 4,
-  partial rollouts and token-level truncated IS on every arm, 3 seeds):
-  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
-      --workdir=runs/async --sweep=staleness
+  the sampler on half of 8 CPU devices, partial rollouts and token-level truncated IS on every
+  arm, 3 seeds):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/launch.py \
+      --config=configs/ladder.py --backend=local --parallel=1 --workdir=runs/async \
+      --sweep=staleness
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -101,10 +103,13 @@ def variant_overrides() -> dict:
 
 
 def staleness_overrides(k: int) -> dict:
-  """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, and the
-  token-level truncated IS correction on every arm (k = 0 included), so only k differs."""
+  """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, the
+  token-level truncated IS correction on every arm (k = 0 included), and the sampler on half
+  of the devices (split placement: with one device, or colocated, the sampler never gets more
+  than one version ahead, so k >= 2 would equal k = 1), so only k differs."""
   return {"rollout.max_staleness": k, "rollout.partial": k >= 1,
-          "algo.is_correction": "tis_token"}
+          "algo.is_correction": "tis_token", "rollout.placement": "split",
+          "rollout.sampler_devices": 0.5}
 
 
 def get_sweep(arg=None):
