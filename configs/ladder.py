@@ -10,7 +10,7 @@ Rungs (cumulative, as Table 1; AIME-24 avg@32 for Qwen2.5-32B in the paper):
   dapo            + dynamic sampling                                                      50
 Dual-clip (c = 10) and no KL are held fixed on every rung.
 
-The default base is the ablation testbed (configs/testbed_cpu.py, issue 12): mixed difficulty,
+The default base is the ablation testbed (configs/testbed_cpu.py): mixed difficulty,
 truncated and re-checking responses and a high-entropy base, so each rung's technique has
 something to act on.
 
@@ -24,10 +24,10 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
 COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/beyond --sweep=beyond
-COMMAND (issue 16's pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
+COMMAND (the difficulty pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/prefilter_pool --sweep=prefilter_pool
-COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
+COMMAND (the policy-loss family: the DAPO rung with each algo.loss_mode; the
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
@@ -120,7 +120,7 @@ def get_sweep(arg=None):
   SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
   reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
-  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). prefilter_pool: the
+  on x SWEEP_SEEDS (compared with the ladder's dapo runs). prefilter_pool: the
   DAPO rung on a pool of PREFILTER_POOL prompts x PREFILTER_ARMS (pre-filter off, on, on with
   a 0.1 margin) x SWEEP_SEEDS (the
   default pool is never revisited in 30 steps, so the pre-filter has no record to act on; the
@@ -147,7 +147,7 @@ def get_sweep(arg=None):
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
                for f in L_CACHE_FRACTIONS
                if int(round(f * max_new)) != base.algo.overlong_cache_len for s in SWEEP_SEEDS]
-    elif name == "beyond":  # issue 16's ablations; their reference is the ladder's dapo runs
+    elif name == "beyond":  # beyond-the-paper ablations; their reference is the ladder's dapo runs
       runs += [{"name": f"{switch}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {f"algo.{switch}": True}}
                for switch in ("prefilter", "overlong_adaptive") for s in SWEEP_SEEDS]
