@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-import types
 
 import numpy as np
 

@@ -3,13 +3,10 @@ disk during a save, and a metrics log cut back to its checkpoint."""
 import gc
 import json
 import os
-import signal
 import struct
 import subprocess
-import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
