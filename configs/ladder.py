@@ -10,7 +10,7 @@ Rungs (cumulative, as Table 1; AIME-24 avg@32 for Qwen2.5-32B in the paper):
   dapo            + dynamic sampling                                                      50
 Dual-clip (c = 10) and no KL are held fixed on every rung.
 
-The default base is the ablation testbed (configs/testbed_cpu.py, issue 12): mixed difficulty,
+The default base is the ablation testbed (configs/testbed_cpu.py): mixed difficulty,
 truncated and re-checking responses and a high-entropy base, so each rung's technique has
 something to act on.
 
@@ -24,10 +24,10 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
 COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/beyond --sweep=beyond
-COMMAND (issue 16's pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
+COMMAND (the difficulty pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/prefilter_pool --sweep=prefilter_pool
-COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
+COMMAND (the policy-loss family: the DAPO rung with each algo.loss_mode; the
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
@@ -40,6 +40,12 @@ COMMAND (the campaign on base testbed16: the six rungs and the compute-matched a
   campaign cut short stays paired; re-running it skips finished runs and resumes a cut one):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
       --workdir=runs/ladder16 --sweep=ladder16
+COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0, 1, 2, 4,
+  the sampler on half of 8 CPU devices, partial rollouts and token-level truncated IS on every
+  arm, 3 seeds):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/launch.py \
+      --config=configs/ladder.py --backend=local --parallel=1 --workdir=runs/async \
+      --sweep=staleness
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -75,6 +81,7 @@ PILOT_ARMS = {              # the pilot16 sweep: learning rate, and a narrower c
     "lr1e-04": {"optim.lr": 1e-4},
     "lr5e-05": {"optim.lr": 5e-5},
     "lr5e-05_eps0.10": {"optim.lr": 5e-5, "algo.eps_low": 0.1, "algo.eps_high": 0.14}}
+STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
     "prefilter": {"algo.prefilter": True},
@@ -142,6 +149,16 @@ def variant_overrides() -> dict:
   return out
 
 
+def staleness_overrides(k: int) -> dict:
+  """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, the
+  token-level truncated IS correction on every arm (k = 0 included), and the sampler on half
+  of the devices (split placement: with one device, or colocated, the sampler never gets more
+  than one version ahead, so k >= 2 would equal k = 1), so only k differs."""
+  return {"rollout.max_staleness": k, "rollout.partial": k >= 1,
+          "algo.is_correction": "tis_token", "rollout.placement": "split",
+          "rollout.sampler_devices": 0.5}
+
+
 def get_sweep(arg=None):
   """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
 
@@ -150,7 +167,7 @@ def get_sweep(arg=None):
   SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
   reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
-  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). prefilter_pool: the
+  on x SWEEP_SEEDS (compared with the ladder's dapo runs). prefilter_pool: the
   DAPO rung on a pool of PREFILTER_POOL prompts x PREFILTER_ARMS (pre-filter off, on, on with
   a 0.1 margin) x SWEEP_SEEDS (the
   default pool is never revisited in 30 steps, so the pre-filter has no record to act on; the
@@ -159,7 +176,9 @@ def get_sweep(arg=None):
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). pilot16: the DAPO rung on base testbed16 with each PILOT_ARMS x PILOT_SEEDS. ladder16: the
   six rungs and token_level_matched on base testbed16 x SEEDS16, phase by phase
-  (LADDER16_PHASES), each seed-major. Several names may be joined with ','.
+  (LADDER16_PHASES), each seed-major. staleness: the DAPO rung with each STALENESS as
+  rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. Several names may be joined
+  with ','.
   """
   names = (arg or "ladder").split(",")
   base = get_config()  # the DAPO rung on the default base: the sweeps' own points
@@ -178,7 +197,7 @@ def get_sweep(arg=None):
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
                for f in L_CACHE_FRACTIONS
                if int(round(f * max_new)) != base.algo.overlong_cache_len for s in SWEEP_SEEDS]
-    elif name == "beyond":  # issue 16's ablations; their reference is the ladder's dapo runs
+    elif name == "beyond":  # beyond-the-paper ablations; their reference is the ladder's dapo runs
       runs += [{"name": f"{switch}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {f"algo.{switch}": True}}
                for switch in ("prefilter", "overlong_adaptive") for s in SWEEP_SEEDS]
@@ -192,10 +211,13 @@ def get_sweep(arg=None):
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
+    elif name == "staleness":
+      runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode")
+                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness")
   return runs

@@ -25,8 +25,8 @@ def test_tally_counts_each_level_over_every_round():
   rounds = [_groups([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]]),
             _groups([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])]
   gen = tally.wrap(lambda r, n: rounds[r])
-  batch, summary, _ = dynamic_sampling.collect(gen, batch_size=2, gen_batch_size=4,
-                                               max_gen_rounds=4, dynamic=True)
+  batch, summary, _ = dynamic_sampling.fill_batch(gen, batch_size=2, gen_batch_size=4,
+                                                  max_gen_rounds=4, dynamic=True)
   assert len(batch) == 2 and summary["gen_rounds"] == 1  # round 0 holds 2 mixed groups
   m = tally.metrics()
   # round 0 only: level 1 = prompts 0 and 2 (rows 1111, 0000); level 2 = prompt 1 (1000);

@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any, Mapping
 
 ARCHITECTURES = ("qwen2", "llama", "qwen3")
-ATTENTION_IMPLS = ("auto", "blocked", "splash", "plain")  # models/attention.py
+ATTENTION_IMPLS = ("auto", "blocked", "splash", "gpu_flash", "plain")  # models/attention.py
 _HF_ARCH_NAMES = {
     "qwen2": "Qwen2ForCausalLM",
     "llama": "LlamaForCausalLM",

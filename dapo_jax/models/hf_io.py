@@ -11,17 +11,16 @@ import functools
 import json
 import os
 import re
-import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
+from dapo_jax import paths, remote_safetensors
 from dapo_jax import sharding as shd
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.hf_names import TensorSpec, ignorable, tensor_specs
@@ -62,7 +61,7 @@ def tokenizer_vocab_size(path: str | os.PathLike) -> int | None:
   if (path / "tokenizer.json").is_file():
     from tokenizers import Tokenizer
     try:
-      return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(
+      return Tokenizer.from_str((path / "tokenizer.json").read_text()).get_vocab_size(
           with_added_tokens=True)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
       raise ValueError(f"{path / 'tokenizer.json'}: cannot be read ({e})") from e
@@ -115,7 +114,8 @@ def tensor_files(path: str | os.PathLike) -> dict[str, Path]:
 @contextlib.contextmanager
 def _open(file: Path):
   try:
-    handle = safe_open(str(file), framework="numpy")
+    handle = (remote_safetensors.RemoteFile(file) if paths.is_url(file) else
+              safe_open(str(file), framework="numpy"))
   except (SafetensorError, OSError) as e:
     raise ValueError(f"corrupt or unreadable safetensors file {file}: {e}") from e
   with handle as h:
@@ -224,6 +224,8 @@ def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
 def _place(x: np.ndarray, sharding):
   """Host array -> device array with `sharding`; each device copies only its own shard
   (and, multi-host, each process only its addressable ones)."""
+  if isinstance(x, remote_safetensors.LazyTensor):  # behind a URL: each host reads its rows
+    return x.place(sharding)
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
@@ -329,7 +331,7 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   for fname, shard in shards:
     tensors = {name: get() for name, get, _ in shard}
     if write:
-      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+      remote_safetensors.save_file(tensors, path / fname, metadata={"format": "pt"})
     weight_map.update({name: fname for name in tensors})
     del tensors
   if not write:
@@ -342,4 +344,4 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   if tokenizer_dir is not None:
     for f in TOKENIZER_FILES:
       if (Path(tokenizer_dir) / f).is_file():
-        shutil.copy2(Path(tokenizer_dir) / f, path / f)
+        paths.copy_file(Path(tokenizer_dir) / f, path / f)
