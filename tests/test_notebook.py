@@ -67,6 +67,15 @@ def _raw_value(sweep, run, metric):
   raise AssertionError(f"unknown endpoint {endpoint!r}")
 
 
+def _pilot_value(run, metric):
+  """A pilot16 run's whole-run value of a mechanism's measure, from the raw files."""
+  if metric == "length_p90_over_mean:run_mean":  # p90 over mean response length, per step
+    run_dir = os.path.join(RESULTS, "pilot16", run)
+    p90, mean = _train(run_dir, "response_length_p90")[1], _train(run_dir, "response_length_mean")[1]
+    return float(np.mean(p90 / mean))
+  return _raw_value("pilot16", run, metric)
+
+
 def _finished_seeds(root, arm):
   """Seeds of `arm` in `root` whose run finished (results.json with an after-eval)."""
   out = set()
@@ -138,6 +147,18 @@ def test_ablations_notebook_verdicts_match_the_logs(tmp_path):
       effect = diff / r["sd_diff"]
       assert _power(effect, n, 0.05 / len(members)) >= 0.8, r["claim"]
       assert n == 2 or _power(effect, n - 1, 0.05 / len(members)) < 0.8, r["claim"]
+  pilot_seeds = sorted(_finished_seeds(os.path.join(RESULTS, "pilot16"), "lr1e-04"))
+  for r in rows:  # each undecided ladder claim: its mechanism in the campaign setting's pilot
+    if r["family"] != "ladder" or r["verdict"] != "inconclusive":
+      continue
+    mech = r["mechanism"]
+    assert (mech["pilot"], mech["pilot_seeds"]) == ("pilot16/lr1e-04", len(pilot_seeds))
+    for m in mech["measures"]:
+      want = [_pilot_value(f"lr1e-04_s{s}", m["metric"]) for s in pilot_seeds]
+      assert m["pilot"] == pytest.approx(want, rel=1e-9), (r["claim"], m["metric"])
+      if m["floor"] is not None:
+        assert m["reached"] == all(v >= m["floor"] for v in want), (r["claim"], m["metric"])
+    assert mech["acts"] == all(m["reached"] for m in mech["measures"] if m["floor"] is not None)
   figures = sum(o.get("output_type") == "display_data" for c in nb.cells
                 for o in c.get("outputs", []))
   assert figures >= 7, f"expected the ladder, Fig. 2-5, Fig. 7, trajectory and sweep figures, got {figures}"
