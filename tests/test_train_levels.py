@@ -5,8 +5,9 @@ import pytest
 
 from dapo_jax.data import synthetic, template
 from dapo_jax.train import dynamic_sampling, levels, trainer
+from dapo_jax.train import pipeline as pipeline_lib
 from tests.test_train_dynamic_sampling import _groups
-from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
+from tests.test_trainer import _records, fake_rewards, tiny_config  # noqa: F401  (autouse)
 
 
 def test_level_of_reads_the_operations_of_the_problem_in_a_prompt():
@@ -59,3 +60,18 @@ def test_trainer_logs_accuracy_per_level(tmp_path):
   assert both == pytest.approx(summary["gen_accuracy"])
   assert 0.0 <= summary["frac_groups_acc_1_level2"] <= 1.0
   assert not np.isnan(summary["frac_groups_acc_0_level3"])
+
+
+
+def test_pipelined_loop_logs_levels_too(tmp_path):
+  """The asynchronous loop's batches carry the per-level tally: the levels partition the
+  step's generated groups (the wiring in pipeline.Pipeline, not only in trainer.collect)."""
+  cfg = tiny_config(**{"task.difficulty": 2, "task.difficulty_max": 3, "train.num_steps": 1})
+  run = trainer.build(cfg, str(tmp_path), resume=False)
+  run.pipeline = pipeline_lib.Pipeline(run)
+  trainer.train(run, resume=False)
+  (rec,) = _records(tmp_path)
+  n2, n3 = rec["gen_groups_level2"], rec["gen_groups_level3"]
+  assert n2 + n3 == rec["prompts_sampled"] and n2 > 0 and n3 > 0
+  both = (n2 * rec["gen_accuracy_level2"] + n3 * rec["gen_accuracy_level3"]) / (n2 + n3)
+  assert both == pytest.approx(rec["gen_accuracy"])
