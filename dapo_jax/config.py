@@ -135,8 +135,10 @@ def _mode_params(where: str, v) -> ModeParams:
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "seed"}
 
 
-def parse(cfg) -> Config:
-  """ConfigDict (or nested dict) -> validated Config. Raises ValueError naming the field."""
+def parse(cfg, overrides=()) -> Config:
+  """ConfigDict (or nested dict) -> validated Config. Raises ValueError naming the field.
+  `overrides`: the dotted fields set on the command line (`--config.model.num_layers=4` gives
+  "model.num_layers"); those the run would ignore are refused (config_checks.check_overrides)."""
   raw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
   unknown = sorted(set(raw) - set(_SECTIONS) - {"seed"})
   if unknown:
@@ -151,4 +153,5 @@ def parse(cfg) -> Config:
   sections = {name: _convert(name, hints[name], raw[name]) for name in _SECTIONS}
   c = Config(seed=raw["seed"], **sections)
   config_checks.validate(c)
+  config_checks.check_overrides(c, overrides)
   return c

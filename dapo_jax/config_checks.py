@@ -6,6 +6,7 @@ before anything imports a model or starts JAX's backends.
 import dataclasses
 from typing import TYPE_CHECKING
 
+from dapo_jax.config_sections import ARCH_FIELDS
 from dapo_jax.core import losses as core_losses
 from dapo_jax.core import offpolicy as core_offpolicy
 from dapo_jax.core import stats as core_stats
@@ -225,3 +226,18 @@ def _validate_infra(c: "Config"):
            f"must be -1 (from the environment) or >= 1, got {procs}")
   _require(pid == -1 or (pid >= 0 and (procs == -1 or pid < procs)), "distributed.process_id",
            f"must be -1 or in [0, num_processes={procs}), got {pid}")
+
+
+def check_overrides(c: "Config", overrides):
+  """Refuses command-line settings the run would ignore: with model.source='hf' the architecture
+  is the checkpoint's config.json, so `--config.model.num_layers=4` would silently change
+  nothing. `overrides`: the dotted fields set on the command line (vocab_size is compared with
+  the checkpoint's when the model is built, so it is not silent)."""
+  if c.model.source != "hf":
+    return
+  for field in sorted(overrides):
+    section, _, name = field.partition(".")
+    _require(section != "model" or name not in ARCH_FIELDS or name == "vocab_size",
+             f"model.{name}", f"set on the command line, but model.source='hf' takes the "
+             f"architecture from the checkpoint ({c.model.hf_path}); drop the setting, or use "
+             f"model.source='config' for a fresh model of this shape")

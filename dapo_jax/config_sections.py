@@ -35,6 +35,18 @@ class ModelCfg:
   attention_chunk: int        # positions per attention block (blocked / plain training attention)
 
 
+# How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
+# SOURCE_FIELDS pick where weights come from; ARCH_FIELDS are the architecture, from the config
+# (source="config") or from the checkpoint's config.json (source="hf": vocab_size must then be
+# 0 or equal, and the others may not be set on the command line: config_checks.check_overrides);
+# RUN_FIELDS are run settings applied to the model whatever the source (train/setup.py).
+SOURCE_FIELDS = ("source", "hf_path")
+ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
+RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
+              "attention_chunk")
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskCfg:
   name: str                   # "synthetic" | "arith_nl" | "dapo_math_17k"

@@ -102,7 +102,7 @@ def main(argv):
 def _main(started: _Started):
   # Imports after flag parsing: config errors surface before JAX starts.
   from dapo_jax import config as config_lib, distributed  # pylint: disable=import-outside-toplevel
-  cfg = config_lib.parse(FLAGS.config)
+  cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
   started.workdir = workdir = paths.as_str(FLAGS.workdir)  # a URL stays a URL
   distributed.initialize(cfg.distributed)
   started.distributed = True

@@ -162,6 +162,9 @@ def test_pallas_kernels_parses_tpu_custom_calls():
     (["--topology=v5p-8", "--config.mesh.tensor=3"], "config.mesh"),
     (["--topology=v5p-8", "--config.train.micro_batch_size=2"],
      "config.train.micro_batch_size: 2 sequences"),
+    # tiny_cpu loads dapo_jax/assets/tiny_base: its architecture is the checkpoint's.
+    (["--topology=v5p-8", "--config.model.num_layers=4"],
+     "config.model.num_layers: set on the command line, but model.source='hf'"),
 ])
 def test_clear_errors(tmp_path, args, msg):
   p, _ = _aot(tmp_path, "--config=configs/tiny_cpu.py", *args)

@@ -1,11 +1,16 @@
 import dataclasses
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 
 from configs import base as base_cfg
 from dapo_jax import config as config_lib
 from dapo_jax.core import losses as core_losses
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny(arg=None):
@@ -298,3 +303,36 @@ def test_paper_schedule_base_and_the_campaign_sweeps():
   assert len(pilots) == len(ladder.PILOT_ARMS) * len(ladder.PILOT_SEEDS)
   assert [r["overrides"] for r in pilots[:len(ladder.PILOT_ARMS)]] == list(ladder.PILOT_ARMS.values())
   assert all("base=testbed16" in r["arg"] for r in runs + pilots)
+
+
+# ---- architecture fields with model.source="hf" ----------------------------------------------
+@pytest.mark.parametrize("field, value", [("num_layers", 4), ("hidden_size", 1024),
+                                          ("tie_word_embeddings", True), ("rope_theta", 1e4)])
+def test_hf_source_refuses_architecture_overrides(field, value):
+  """The 32B config takes its 64 layers from the checkpoint: a command-line architecture field
+  would be ignored, so it is refused, naming the field."""
+  c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
+  c.model[field] = value
+  with pytest.raises(ValueError, match=rf"config\.model\.{field}: set on the command line, but "
+                     r"model\.source='hf'"):
+    config_lib.parse(c, {f"model.{field}": value})
+
+
+def test_architecture_overrides_allowed_where_they_act():
+  # A fresh model (source="config") is built from these fields; run settings and vocab_size
+  # (compared with the checkpoint's when the model is built) are not architecture to refuse.
+  c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
+  c.model.source = "config"
+  c.model.num_layers = 4
+  assert config_lib.parse(c, {"model.source": "config", "model.num_layers": 4}).model.num_layers == 4
+  hf = importlib.import_module("configs.dapo_qwen25_32b").get_config()
+  config_lib.parse(hf, {"model.remat": False, "model.vocab_size": 0, "train.num_steps": 3})
+
+
+def test_main_refuses_hf_architecture_override(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  p = subprocess.run([sys.executable, "-m", "dapo_jax.main", "--config=configs/dapo_qwen25_32b.py",
+                      "--config.model.num_layers=4", f"--workdir={tmp_path / 'run'}"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert p.returncode != 0
+  assert "config.model.num_layers: set on the command line" in p.stdout + p.stderr, p.stderr[-2000:]

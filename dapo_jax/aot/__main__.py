@@ -23,8 +23,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   from dapo_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
-  cfg = config_lib.parse(FLAGS.config)
   try:
+    cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
     out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call,
                     only=FLAGS.functions)
   except ValueError as err:

@@ -7,6 +7,8 @@ import jax
 
 from dapo_jax import paths, sharding
 from dapo_jax.config import Config
+from dapo_jax.config_sections import (  # noqa: F401  (re-exported: setup.ARCH_FIELDS etc.)
+    ARCH_FIELDS, RUN_FIELDS, SOURCE_FIELDS)
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io, sharded
@@ -98,17 +100,6 @@ def demo_fn(cfg: Config):
   """The warm start's demonstration writer (data/testbed.py), or None for exact references."""
   warm_start = cfg.warm_start
   return testbed.demo_fn({k: getattr(warm_start, k) for k in testbed.DEMO_KNOBS})
-
-
-# How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
-# SOURCE_FIELDS pick where weights come from; ARCH_FIELDS are the architecture, from the config
-# (source="config") or from the checkpoint's config.json (source="hf": vocab_size must then be
-# 0 or equal); RUN_FIELDS are run settings applied to the model whatever the source.
-SOURCE_FIELDS = ("source", "hf_path")
-ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
-RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
-              "attention_chunk")
 
 
 def run_overrides(cfg: Config, max_positions: int = 4096) -> dict:
