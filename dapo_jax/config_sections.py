@@ -33,6 +33,12 @@ class ModelCfg:
   logits_chunk: int           # tokens per chunk of the chunked log-prob computation
   attention_impl: str         # training attention: auto (splash on TPU, else blocked) | blocked | splash | plain
   attention_chunk: int        # positions per attention block (blocked / plain training attention)
+  # Mixture of experts (Qwen3-MoE, models/moe.py), for source == "config"; a checkpoint has its own.
+  num_experts: int            # experts per MoE layer; 0 = a dense MLP (the Qwen2 family)
+  num_experts_per_tok: int    # k: experts each token is routed to
+  moe_intermediate_size: int  # channels of each expert's SwiGLU
+  norm_topk_prob: bool        # gate weights: the k router probabilities renormalised to sum 1
+  moe_impl: str               # expert computation: grouped (ragged_dot) | dense (every expert)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,6 +155,14 @@ class ModelConfig:
     return hf_config.to_hf(self)
 
 
+def family_fields(num_experts: int) -> dict:
+  """The family of a model built from sizes alone (no checkpoint): Qwen2 (q/k/v biases) when
+  dense, Qwen3-MoE (q/k norms, no biases) with experts."""
+  if not num_experts:
+    return {}
+  return dict(architecture="qwen3_moe", qk_norm=True, attention_bias=False)
+
+
 def _check_moe(c: ModelConfig):
   """The expert fields: all zero for a dense family, consistent for qwen3_moe."""
   if c.moe_impl not in MOE_IMPLS:

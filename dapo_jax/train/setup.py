@@ -10,7 +10,7 @@ from dapo_jax.config import Config
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io, sharded
-from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.config import ModelConfig, family_fields
 
 _EVAL_SETS = ("aime_2024", "aime_2025", "amc_2023", "math_500")
 # Tasks generated here (train + held-out split); eval_name "<name>_heldout" is their held-out set.
@@ -123,9 +123,10 @@ def demo_fn(cfg: Config):
 # 0 or equal); RUN_FIELDS are run settings applied to the model whatever the source.
 SOURCE_FIELDS = ("source", "hf_path")
 ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
+               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings", "num_experts",
+               "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
 RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
-              "attention_chunk")
+              "attention_chunk", "moe_impl")
 
 
 def run_overrides(cfg: Config, max_positions: int = 4096) -> dict:
@@ -146,7 +147,7 @@ def model_config(cfg: Config, vocab_size: int, hf: ModelConfig | None = None) ->
     return dataclasses.replace(hf, **run_overrides(cfg, hf.max_position_embeddings))
   arch = {f: getattr(m, f) for f in ARCH_FIELDS}
   arch["vocab_size"] = m.vocab_size or vocab_size
-  return ModelConfig(**arch, **run_overrides(cfg))
+  return ModelConfig(**arch, **family_fields(m.num_experts), **run_overrides(cfg))
 
 
 def build_model(cfg: Config, mesh, tokenizer):
