@@ -12,8 +12,9 @@ from configs.base import parse_arg, runlocal
 
 
 def get_config(arg=None):
-  opts = parse_arg(arg, runlocal=False, init=False)
+  opts = parse_arg(arg, runlocal=False, init=False, difficulty=3)
   c = tiny_cpu.get_config("init=True")  # the dense demo's task, rollout and RL settings
+  c.task.difficulty = opts["difficulty"]  # operations per problem (experiments/base_rate.py)
   # The shipped base policy (experiments/make_base_checkpoint.py with init=True: a fresh model
   # with the fields below, which that script warm-starts).
   if not opts["init"]:

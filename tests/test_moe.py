@@ -220,3 +220,22 @@ def test_decode_routing_equals_full_forward(mlp_only, split):
     replayed = _decode(model, tok, pos, cache, d_ids)[2]
     np.testing.assert_array_equal(replayed, d_ids)
     pos = pos + 1
+
+
+def test_run_config_builds_a_moe_model():
+  """configs/tiny_moe_cpu.py's expert fields reach the model (source="config"); bad ones are
+  refused naming the field."""
+  from configs import tiny_moe_cpu
+  from dapo_jax import config as config_lib
+  from dapo_jax.train import setup
+  c = tiny_moe_cpu.get_config("init=True")
+  mcfg = setup.model_config(config_lib.parse(c), 100)
+  assert (mcfg.architecture, mcfg.num_experts, mcfg.num_experts_per_tok, mcfg.qk_norm,
+          mcfg.attention_bias, mcfg.moe_impl) == ("qwen3_moe", 4, 2, True, False, "dense")
+  assert mcfg.moe_layers == tuple(range(mcfg.num_layers))
+  c.model.num_experts_per_tok = 5
+  with pytest.raises(ValueError, match="config.model.num_experts_per_tok: 5 experts per token"):
+    config_lib.parse(c)
+  c.model.moe_impl = "megablox"
+  with pytest.raises(ValueError, match="config.model.moe_impl"):
+    config_lib.parse(c)

@@ -67,14 +67,18 @@ def route(x_NxD, w_router_DxE, *, k: int, norm_topk_prob: bool, replay_NxK=None)
 
 
 def experts_dense(x_NxD, ids_NxK, w_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
-  """Every expert on every token, summed with the gate weights (zero off the chosen ones)."""
-  e = gate_ExDxF.shape[0]
+  """Every expert on every token, summed with the gate weights (zero off the chosen ones).
+
+  As 2-D matmuls (the form XLA:CPU runs fastest, `layers.dense`): [N, D] @ [D, 2EF] for the
+  gate and up projections of all experts at once, then the gated activations [N, EF] @ [EF, D]
+  (down is linear, so weighting before it is the same sum)."""
+  e, d, f = gate_ExDxF.shape
+  n, dt = x_NxD.shape[0], x_NxD.dtype
   gates_NxE = jnp.sum(jax.nn.one_hot(ids_NxK, e, dtype=w_NxK.dtype) * w_NxK[..., None], axis=1)
-  dt = x_NxD.dtype
-  g = jnp.einsum("nd,edf->nef", x_NxD, gate_ExDxF.astype(dt))
-  u = jnp.einsum("nd,edf->nef", x_NxD, up_ExDxF.astype(dt))
-  y_NxExD = jnp.einsum("nef,efd->ned", jax.nn.silu(g) * u, down_ExFxD.astype(dt))
-  return jnp.einsum("ned,ne->nd", y_NxExD, gates_NxE)
+  w_in = jnp.concatenate([gate_ExDxF, up_ExDxF], axis=0).astype(dt)   # [2E, D, F]
+  gu = jnp.matmul(x_NxD, w_in.transpose(1, 0, 2).reshape(d, 2 * e * f)).reshape(n, 2, e, f)
+  a_NxExF = jax.nn.silu(gu[:, 0]) * gu[:, 1] * gates_NxE[:, :, None].astype(dt)
+  return jnp.matmul(a_NxExF.reshape(n, e * f), down_ExFxD.astype(dt).reshape(e * f, d))
 
 
 def experts_grouped(x_NxD, ids_NxK, w_NxK, gate_ExDxF, up_ExDxF, down_ExFxD):
