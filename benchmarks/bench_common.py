@@ -14,6 +14,9 @@ MODELS = {
                  num_kv_heads=2, head_dim=64, vocab_size=512),
     "small": dict(hidden_size=512, intermediate_size=2048, num_layers=8, num_heads=8,
                   num_kv_heads=2, head_dim=64, vocab_size=4096),
+    # Qwen2.5-0.5B's shapes (494 M parameters), random: the GPU check (device_check.sh).
+    "qwen2_0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                       num_kv_heads=2, head_dim=64, vocab_size=151936),
 }
 
 

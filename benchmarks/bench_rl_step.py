@@ -81,7 +81,7 @@ def main():
   if args.steps < 2:
     raise ValueError("--steps: need >= 2 (step 1 compiles and is excluded)")
   run, trainer = build(args)
-  step_fn = trainer._jitted_train_step(run)  # pylint: disable=protected-access
+  step_fn = trainer.jitted_update(run)
   load0, steps, phases = common.loadavg(), [], []
   for _ in range(args.steps):
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Update throughput: the trainer's own jitted DAPO update (`trainer._jitted_train_step`) on
+"""Update throughput: the trainer's own jitted DAPO update (`trainer.jitted_update`) on
 `--batch` all-response rows of `--seq` tokens, fp32 AdamW (peer: peers/torch_update.py).
 
     python benchmarks/bench_update.py --model=HF_DIR --batch=16 --seq=512 --json=F
@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-import types
 
 import numpy as np
 
@@ -70,33 +69,36 @@ def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: i
   return trainer.build(cfg, tempfile.mkdtemp(prefix="bench_"), resume=False)
 
 
-def random_rows(vocab: int, rows: int, seq: int, seed: int = 0) -> dict:
+def random_rows(vocab: int, rows: int, seq: int, seed: int = 0):
+  """A full-length MiniBatch of random tokens, advantages +-1 (old log-probs filled in later)."""
+  from dapo_jax.train.train_step import MiniBatch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   ones = np.ones((rows, seq), np.float32)
-  return {"tokens": rng.integers(4, vocab, size=(rows, seq)).astype(np.int32),
-          "attn_mask": ones, "loss_mask": ones, "old_logp": np.zeros((rows, seq), np.float32),
-          "adv": np.where(np.arange(rows) % 2, 1.0, -1.0).astype(np.float32)}
+  return MiniBatch(tokens_BxS=rng.integers(4, vocab, size=(rows, seq)).astype(np.int32),
+                   attn_mask_BxS=ones, loss_mask_BxS=ones,
+                   adv_B=np.where(np.arange(rows) % 2, 1.0, -1.0).astype(np.float32))
 
 
 def run(args) -> dict:
+  import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from dapo_jax.train import logprob_pass, trainer  # pylint: disable=g-import-not-at-top
   r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers,
                 micro_batch=args.micro_batch, model_overrides=args.model_override)
-  arrays = random_rows(r.model_config.vocab_size, args.batch, args.seq)
-  segments = arrays["attn_mask"].astype(np.int32)  # one sequence per row
+  batch = random_rows(r.model_config.vocab_size, args.batch, args.seq)
+  segments = batch.attn_mask_BxS.astype(np.int32)  # one sequence per row
   positions = np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))
   logp_fn = lambda: logprob_pass.logprob_fn(
-      r.state.params, arrays["tokens"], segments, positions, graphdef=r.graphdef, mesh=r.mesh,
+      r.state.params, batch.tokens_BxS, segments, positions, graphdef=r.graphdef, mesh=r.mesh,
       temperature=r.cfg.rollout.temperature, with_entropy=True)
   logp_fn()
   lp_times = [common.timed(logp_fn)[1] for _ in range(args.reps)]
-  arrays["old_logp"] = np.asarray(logp_fn()[0])
-  step_fn = trainer._jitted_train_step(r)  # pylint: disable=protected-access
+  batch = dataclasses.replace(batch, old_logp_BxS=np.asarray(logp_fn()[0]))
+  step_fn = trainer.jitted_update(r)
   load0, times, cpu = common.loadavg(), [], []
   for _ in range(args.reps + 1):  # the first is the warm-up (compilation)
     t0, c0 = time.perf_counter(), time.process_time()
-    r.state, m = step_fn(r.state, arrays)
+    r.state, m, _ = step_fn(r.state, batch)
     jax.block_until_ready((r.state, m))
     times.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)

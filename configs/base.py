@@ -14,7 +14,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = dict(
       source="config",          # "config" = init from these fields | "hf" = load hf_path
-      hf_path="",               # local HF checkpoint directory
+      hf_path="",               # HF checkpoint directory: local, or a URL (gs://...)
       vocab_size=0,             # tokens; 0 = the tokenizer's vocabulary
       hidden_size=128,          # channels
       intermediate_size=384,    # channels (SwiGLU)
@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
       remat=False,
       scan_layers=True,         # lax.scan over layers (False: unrolled; faster on CPU, compiles per layer)
       logits_chunk=512,         # tokens per log-prob chunk
-      attention_impl="auto",    # training attention: splash on TPU, blocked elsewhere (models/attention.py)
+      attention_impl="auto",    # training attention: splash on TPU, gpu_flash on GPU, blocked elsewhere (models/attention.py)
       attention_chunk=256,      # positions per attention block (blocked: causal skipping)
       num_experts=0,            # experts per MoE layer (Qwen3-MoE); 0 = dense MLP (Qwen2)
       num_experts_per_tok=2,    # experts per token (k); used when num_experts > 0
@@ -48,7 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
       chat_template=False,      # prompt = one user message in the tokenizer's chat template
       max_prompt_len=96,        # tokens (left-truncated beyond)
       reward="math_answer",
-      data_dir="",              # "" = ../shared/data beside the repo
+      data_dir="",              # "" = ../shared/data beside the repo; a URL (gs://...) works
+      skip_bad=False,           # True: skip and count bad data rows ([data] line) instead of stopping
   )
   c.warm_start = dict(steps=0, batch_size=64, lr=1e-3,  # steps, sequences, lr
                       # demonstrations (data/testbed.py), probabilities per reasoning line;
@@ -64,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
       kv_cache_gib=0.0,         # GiB of KV cache per chip; 0 = every slot at full length
       paged_kv=True,            # page pool + page tables; False = dense per-slot cache
       page_size=16,             # tokens per KV page
+      max_staleness=0,          # policy versions; 0 = synchronous (sample, train, sync)
+      partial=False,            # in-flight sequences continue across weight syncs (staleness >= 1)
+      placement="colocated",    # colocated | split (the sampler on its own devices)
+      sampler_devices=0.0,      # split: devices (>= 1) or a fraction of them; 0 = colocated
   )
   c.algo = dict(                # DAPO (paper §3, reference script)
       eps_low=0.2,

@@ -1,11 +1,15 @@
 """The paper's recipe: DAPO on Qwen2.5-32B base with DAPO-Math-17k, eval AIME-2024 avg@32.
 
-COMMAND (every worker of a Cloud TPU v5p-128 pod, 64 chips; the launcher prints it):
-  python experiments/launch.py --config=configs/dapo_qwen25_32b.py --backend=tpu-pod \
-      --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=/nfs/runs/dapo32b --dry_run
-  # which runs on each worker:
-  python -m dapo_jax.main --config=configs/dapo_qwen25_32b.py:hf_path=/ckpt/Qwen2.5-32B \
-      --workdir=/nfs/runs/dapo32b
+COMMAND (every worker of a Cloud TPU v5p-128 pod, 64 chips; the launcher prints it, after the
+fit check; docs/scale.md goes from an empty project to this):
+  python experiments/launch.py --config=configs/dapo_qwen25_32b.py:hf_path=gs://BUCKET/Qwen2.5-32B \
+      --set=task.data_dir=gs://BUCKET/data --backend=tpu-pod --tpu_name=my-v5p-128 \
+      --zone=us-east5-a --accelerator_type=v5p-128 --queued_resource --setup \
+      --workdir=gs://BUCKET/runs/dapo32b --dry_run
+  # which runs on each worker (a bucket every worker reads; a local path would have to be one
+  # file system mounted on all 16 workers):
+  python -m dapo_jax.main --config=configs/dapo_qwen25_32b.py:hf_path=gs://BUCKET/Qwen2.5-32B \
+      --workdir=gs://BUCKET/runs/dapo32b/run --config.task.data_dir=gs://BUCKET/data
 EXPECTED: the paper reports AIME-24 avg@32 = 50 (verl's reproduction: 52) after ~6,000 gradient
   updates (its figures' "steps") = ~375 rollout steps; one step generates up to 512 x 16 x 20,480
   tokens. Not run here: this machine has no accelerator and no network for the checkpoint.
@@ -19,7 +23,7 @@ def get_config(arg=None):
   # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (verl issues 795, 1643).
   opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375)
   c = base_config()
-  c.model.source = "hf"                 # Qwen2.5-32B base, a local HF checkpoint directory
+  c.model.source = "hf"                 # Qwen2.5-32B base: an HF checkpoint directory or gs:// URL
   c.model.hf_path = opts["hf_path"]
   c.model.dtype = "bfloat16"            # compute
   c.model.param_dtype = "float32"       # master weights (AdamW state is float32 too)

@@ -10,7 +10,7 @@ Rungs (cumulative, as Table 1; AIME-24 avg@32 for Qwen2.5-32B in the paper):
   dapo            + dynamic sampling                                                      50
 Dual-clip (c = 10) and no KL are held fixed on every rung.
 
-The default base is the ablation testbed (configs/testbed_cpu.py, issue 12): mixed difficulty,
+The default base is the ablation testbed (configs/testbed_cpu.py): mixed difficulty,
 truncated and re-checking responses and a high-entropy base, so each rung's technique has
 something to act on.
 
@@ -24,13 +24,19 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
 COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/beyond --sweep=beyond
-COMMAND (issue 16's pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
+COMMAND (the difficulty pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/prefilter_pool --sweep=prefilter_pool
-COMMAND (the policy-loss family, issue 17: the DAPO rung with each algo.loss_mode; the
+COMMAND (the policy-loss family: the DAPO rung with each algo.loss_mode; the
   committed runs used the tiny base):
   python experiments/launch.py --config=configs/ladder.py:base=tiny --backend=local \
       --parallel=2 --workdir=runs/variants --sweep=loss_mode
+COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0, 1, 2, 4,
+  the sampler on half of 8 CPU devices, partial rollouts and token-level truncated IS on every
+  arm, 3 seeds):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/launch.py \
+      --config=configs/ladder.py --backend=local --parallel=1 --workdir=runs/async \
+      --sweep=staleness
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -47,6 +53,7 @@ L_CACHE_FRACTIONS = (0.0, 0.25, 0.5)   # of L_max; 0 = hard cut at L_max
 SEEDS = (0, 1, 2, 3, 4)     # the ladder's
 SWEEP_SEEDS = (0, 1, 2)     # the eps_high, l_cache and loss_mode sweeps'
 PREFILTER_POOL = 120        # prompts: 30 steps of 24-prompt rounds visit each ~6 times
+STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
     "prefilter": {"algo.prefilter": True},
@@ -95,6 +102,16 @@ def variant_overrides() -> dict:
   return out
 
 
+def staleness_overrides(k: int) -> dict:
+  """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, the
+  token-level truncated IS correction on every arm (k = 0 included), and the sampler on half
+  of the devices (split placement: with one device, or colocated, the sampler never gets more
+  than one version ahead, so k >= 2 would equal k = 1), so only k differs."""
+  return {"rollout.max_staleness": k, "rollout.partial": k >= 1,
+          "algo.is_correction": "tis_token", "rollout.placement": "split",
+          "rollout.sampler_devices": 0.5}
+
+
 def get_sweep(arg=None):
   """Runs of a named sweep: a list of {name, arg, overrides} (arg goes after the config path).
 
@@ -103,14 +120,15 @@ def get_sweep(arg=None):
   SWEEP_SEEDS. Both skip the point that is the DAPO rung's own value (eps_high 0.28, the base's
   L_cache): those runs are the ladder's dapo_s0..2, the same configuration, which the notebook
   reads in their place. beyond: the DAPO rung with algo.prefilter, then algo.overlong_adaptive,
-  on x SWEEP_SEEDS (issue 16; compared with the ladder's dapo runs). prefilter_pool: the
+  on x SWEEP_SEEDS (compared with the ladder's dapo runs). prefilter_pool: the
   DAPO rung on a pool of PREFILTER_POOL prompts x PREFILTER_ARMS (pre-filter off, on, on with
   a 0.1 margin) x SWEEP_SEEDS (the
   default pool is never revisited in 30 steps, so the pre-filter has no record to act on; the
   paper's run passes DAPO-Math-17k many times). loss_mode: the DAPO rung
   with each loss mode of core.loss_modes.MODES x SWEEP_SEEDS, its clip range the mode's own
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
-  it). Several names may be joined with ','.
+  it). staleness: the DAPO rung with each STALENESS as rollout.max_staleness
+  (`staleness_overrides`) x SWEEP_SEEDS. Several names may be joined with ','.
   """
   names = (arg or "ladder").split(",")
   base = get_config()  # the DAPO rung on the default base: the sweeps' own points
@@ -129,7 +147,7 @@ def get_sweep(arg=None):
                 "overrides": {"algo.overlong_cache_len": int(round(f * max_new))}}
                for f in L_CACHE_FRACTIONS
                if int(round(f * max_new)) != base.algo.overlong_cache_len for s in SWEEP_SEEDS]
-    elif name == "beyond":  # issue 16's ablations; their reference is the ladder's dapo runs
+    elif name == "beyond":  # beyond-the-paper ablations; their reference is the ladder's dapo runs
       runs += [{"name": f"{switch}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {f"algo.{switch}": True}}
                for switch in ("prefilter", "overlong_adaptive") for s in SWEEP_SEEDS]
@@ -137,10 +155,13 @@ def get_sweep(arg=None):
       runs += [{"name": f"pool{PREFILTER_POOL}_{arm}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"task.num_train": PREFILTER_POOL, **o}}
                for s in SWEEP_SEEDS for arm, o in PREFILTER_ARMS.items()]
+    elif name == "staleness":
+      runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, loss_mode")
+                       "beyond, prefilter_pool, loss_mode, staleness")
   return runs

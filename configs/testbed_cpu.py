@@ -1,4 +1,4 @@
-"""The ablation testbed (issue 12): the synthetic task with mixed difficulty and a base policy
+"""The ablation testbed: the synthetic task with mixed difficulty and a base policy
 warm-started on imperfect demonstrations, so that each DAPO technique has something to act on.
 
 data/testbed.py says which knob exercises which technique; dapo_jax/assets/README.md has the

@@ -61,8 +61,8 @@ class Config:
   def loss_scale_factor(self) -> float:
     """seq-mean-token-sum-norm's divisor: the configured one, else the generation budget (the
     reference's response length; not the row length, which includes the prompt)."""
-    a = self.algo
-    return self.rollout.max_new_tokens if a.loss_scale_factor is None else a.loss_scale_factor
+    factor = self.algo.loss_scale_factor
+    return self.rollout.max_new_tokens if factor is None else factor
 
   @property
   def warmup_updates(self) -> int:

@@ -30,6 +30,7 @@ def validate(c):
   _validate_model(c.model)
   _validate_task(c.task, c.warm_start)
   _validate_rollout(c.rollout)
+  _validate_async(c.rollout, c.algo)
   _validate_algo(c.algo, c.rollout)
   _validate_loss(c.algo)
   _validate_train(c)
@@ -104,6 +105,38 @@ def _validate_rollout(r: "RolloutCfg"):
   _positive("rollout", r, "page_size")
 
 
+PLACEMENTS = ("colocated", "split")
+
+
+def _validate_async(r: "RolloutCfg", a: "AlgoCfg"):
+  """Asynchronous rollout (train/pipeline.py): settings that cannot work, refused before any
+  compile (the device counts of a split are checked where the devices are known)."""
+  _require(r.max_staleness >= 0, "rollout.max_staleness",
+           f"must be >= 0 policy versions (0 = synchronous), got {r.max_staleness}")
+  _require(r.placement in PLACEMENTS, "rollout.placement",
+           f"must be one of {PLACEMENTS}, got {r.placement!r}")
+  split = r.placement == "split"
+  count_or_fraction = 0 < r.sampler_devices < 1 or (r.sampler_devices >= 1
+                                                    and float(r.sampler_devices).is_integer())
+  _require(not split or count_or_fraction, "rollout.sampler_devices",
+           f"with placement='split' must be a device count >= 1 or a fraction in (0, 1), got "
+           f"{r.sampler_devices}")
+  _require(split or r.sampler_devices == 0, "rollout.sampler_devices",
+           f"is only used with rollout.placement='split' (got {r.sampler_devices} with "
+           f"{r.placement!r}); leave it 0")
+  _require(not r.partial or r.max_staleness >= 1, "rollout.partial",
+           "needs rollout.max_staleness >= 1 (the synchronous loop never syncs mid-rollout)")
+  _require(not r.partial or a.is_correction != "none" or a.old_logp_source == "sampler",
+           "rollout.partial",
+           "needs the behaviour log-probs in the loss: algo.is_correction (tis_* or mask_*) or "
+           "algo.old_logp_source='sampler'; a partial sequence's tokens come from several "
+           "policy versions")
+  for field in ("prefilter", "overlong_adaptive"):
+    _require(r.max_staleness == 0 or not getattr(a, field), f"algo.{field}",
+             "is not supported with rollout.max_staleness >= 1 (its records would run ahead "
+             "of the trained steps)")
+
+
 def _validate_algo(a: "AlgoCfg", r: "RolloutCfg"):
   _require(0 <= a.overlong_cache_len <= r.max_new_tokens, "algo.overlong_cache_len",
            f"must be in [0, rollout.max_new_tokens={r.max_new_tokens}], got {a.overlong_cache_len}")
@@ -157,22 +190,24 @@ def _validate_loss(a: "AlgoCfg"):
 
 
 def _validate_train(c: "Config"):
-  t, a = c.train, c.algo
-  _positive("train", t, "num_steps", allow_zero=True)
-  _positive("train", t, "batch_size", "max_bad_steps", "length_growth_warn")
-  _require(t.num_minibatches > 0 and t.batch_size % t.num_minibatches == 0,
+  train, algo = c.train, c.algo
+  _positive("train", train, "num_steps", allow_zero=True)
+  _positive("train", train, "batch_size", "max_bad_steps", "length_growth_warn")
+  _require(train.num_minibatches > 0 and train.batch_size % train.num_minibatches == 0,
            "train.num_minibatches",
-           f"batch_size {t.batch_size} prompts must divide into {t.num_minibatches} mini-batches")
+           f"batch_size {train.batch_size} prompts must divide into {train.num_minibatches} "
+           "mini-batches")
   seqs = c.minibatch_seqs
-  mbs = t.micro_batch_size
+  mbs = train.micro_batch_size
   _require(mbs is None or (mbs > 0 and seqs % mbs == 0), "train.micro_batch_size",
            f"must be None or divide the mini-batch of {seqs} sequences, got {mbs}")
-  _require(0 <= t.entropy_floor < t.entropy_ceiling, "train.entropy_ceiling",
-           f"need 0 <= entropy_floor ({t.entropy_floor}) < entropy_ceiling ({t.entropy_ceiling})")
-  budget = a.gen_batch_size * a.max_gen_rounds
-  _require(not a.dynamic_sampling or budget >= t.batch_size, "algo.max_gen_rounds",
+  _require(0 <= train.entropy_floor < train.entropy_ceiling, "train.entropy_ceiling",
+           f"need 0 <= entropy_floor ({train.entropy_floor}) < entropy_ceiling "
+           f"({train.entropy_ceiling})")
+  budget = algo.gen_batch_size * algo.max_gen_rounds
+  _require(not algo.dynamic_sampling or budget >= train.batch_size, "algo.max_gen_rounds",
            f"algo.gen_batch_size x max_gen_rounds = {budget} prompts can never fill a batch of "
-           f"train.batch_size={t.batch_size} groups")
+           f"train.batch_size={train.batch_size} groups")
 
 
 def _validate_optim_eval(o: "OptimCfg", e: "EvalCfg"):
@@ -196,10 +231,8 @@ def _validate_infra(c: "Config"):
   _require(all(p.strip() for p in phrases), "log.reflection_phrases",
            f"empty phrase in {c.log.reflection_phrases!r} (stray comma?)")
   _positive("checkpoint", c.checkpoint, "every_steps", allow_zero=True)
-  d = c.distributed
-  _require(d.num_processes == -1 or d.num_processes >= 1, "distributed.num_processes",
-           f"must be -1 (from the environment) or >= 1, got {d.num_processes}")
-  _require(d.process_id == -1 or (d.process_id >= 0 and (d.num_processes == -1
-                                                          or d.process_id < d.num_processes)),
-           "distributed.process_id",
-           f"must be -1 or in [0, num_processes={d.num_processes}), got {d.process_id}")
+  procs, pid = c.distributed.num_processes, c.distributed.process_id
+  _require(procs == -1 or procs >= 1, "distributed.num_processes",
+           f"must be -1 (from the environment) or >= 1, got {procs}")
+  _require(pid == -1 or (pid >= 0 and (procs == -1 or pid < procs)), "distributed.process_id",
+           f"must be -1 or in [0, num_processes={procs}), got {pid}")

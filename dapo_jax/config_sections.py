@@ -15,7 +15,7 @@ ModeParams = tuple[tuple[str, tuple[tuple[str, float | None], ...]], ...]
 @dataclasses.dataclass(frozen=True)
 class ModelCfg:
   source: str                 # "config" (init from the fields below) | "hf" (load hf_path)
-  hf_path: str                # local HF checkpoint dir when source == "hf"
+  hf_path: str                # HF checkpoint dir when source == "hf": local or a URL (gs://...)
   vocab_size: int             # tokens; 0 = take the tokenizer's vocabulary size
   hidden_size: int            # channels
   intermediate_size: int      # channels of the SwiGLU MLP
@@ -31,7 +31,7 @@ class ModelCfg:
   scan_layers: bool           # full-sequence passes: layers under lax.scan (compile time flat in
                               # depth) or unrolled (False: ~15 % faster updates on CPU)
   logits_chunk: int           # tokens per chunk of the chunked log-prob computation
-  attention_impl: str         # training attention: auto (splash on TPU, else blocked) | blocked | splash | plain
+  attention_impl: str         # training attention: auto (splash on TPU, gpu_flash on GPU, else blocked) | blocked | splash | gpu_flash | plain
   attention_chunk: int        # positions per attention block (blocked / plain training attention)
   # Mixture of experts (Qwen3-MoE, models/moe.py), for source == "config"; a checkpoint has its own.
   num_experts: int            # experts per MoE layer; 0 = a dense MLP (the Qwen2 family)
@@ -56,7 +56,8 @@ class TaskCfg:
   chat_template: bool         # wrap each prompt as one user message in the tokenizer's chat template
   max_prompt_len: int         # tokens; longer prompts are left-truncated (counted)
   reward: str                 # key of dapo_jax.rewards.REWARD_FNS
-  data_dir: str               # "" = the shared data dir beside the repo
+  data_dir: str               # "" = the shared data dir beside the repo; may be a URL (gs://...)
+  skip_bad: bool              # skip (and count) bad data rows instead of stopping at the first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,14 @@ class RolloutCfg:
                               # full length); dense, sizing the slots (0 = num_slots)
   paged_kv: bool              # paged KV cache (page pool + page tables); False = dense per slot
   page_size: int              # tokens per KV page
+  # Rollout and training at the same time (train/pipeline.py, docs/rollout.md):
+  max_staleness: int          # policy versions a trained token may lag the one that sampled it;
+                              # 0 = the synchronous loop (sample, then train, then sync)
+  partial: bool               # unfinished sequences continue across a weight sync (their later
+                              # tokens carry the newer version); needs max_staleness >= 1
+  placement: str              # "colocated" (sampler and trainer share every device) | "split"
+  sampler_devices: float      # split: the sampler's devices, a count (>= 1) or a fraction in
+                              # (0, 1) of all devices; the trainer gets the rest. 0 = colocated
 
 
 @dataclasses.dataclass(frozen=True)

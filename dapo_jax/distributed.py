@@ -3,9 +3,10 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 import jax
+
+from dapo_jax import refusals, run_lock
 
 HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
 
@@ -61,30 +62,26 @@ def lost_processes() -> list[int] | None:
   return [p for p in everyone if p not in live]
 
 
-def exit_on_fault(e: BaseException) -> None:
-  """Ends the process with `e` explained on the last line, for the faults a user must act on: a
-  failed checkpoint save or restore, and any error of a multi-process run (a dead peer shows up
-  as a failed collective). Returns for other errors.
-
-  os._exit, after flushing: at a normal exit orbax's threads print tracebacks after ours, and
-  jax.distributed's shutdown barrier waits for the dead peer (then aborts)."""
-  from dapo_jax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
-  if isinstance(e, CheckpointError):
-    line = f"error: {e}"
-  elif jax.process_count() > 1:
-    lost = lost_processes()
-    who = ("the coordinator (process 0) is unreachable" if lost is None else
-           f"lost process(es) {lost}" if lost else "no process reported lost yet")
-    cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    line = (f"error: process {jax.process_index()} of {jax.process_count()} stopped: {who} "
-            f"({type(e).__name__}: {cause}). Restart every process with --resume")
-  else:
-    return
-  traceback.print_exception(e)
-  _exit(line)
+def fault_line(e: BaseException) -> str | None:
+  """The last line for error `e`: a refusal a user can act on (refusals.error_line); in a
+  multi-process run a lost peer comes first, and any other error is named with its process
+  (a dead peer shows up as a failed collective). None: a bug in a one-process run (its
+  traceback stays)."""
+  own = refusals.error_line(e)
+  if jax.process_count() == 1:
+    return own
+  lost = lost_processes()
+  if own is not None and lost == []:
+    return own
+  who = ("the coordinator (process 0) is unreachable" if lost is None else
+         f"lost process(es) {lost}" if lost else "no process reported lost yet")
+  cause = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+  return (f"error: process {jax.process_index()} of {jax.process_count()} stopped: {who} "
+          f"({type(e).__name__}: {cause}). Restart every process with --resume")
 
 
 def _exit(line: str) -> None:
+  run_lock.release_held()
   sys.stdout.flush()
   print(line, file=sys.stderr, flush=True)
   os._exit(1)

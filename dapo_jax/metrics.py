@@ -9,6 +9,9 @@ import time
 import jax
 import numpy as np
 
+from dapo_jax import paths
+from dapo_jax.core import stats
+
 log = logging.getLogger("dapo_jax")
 
 
@@ -24,6 +27,8 @@ class MetricWriter:
   existing metrics.jsonl stay, later ones (written after that checkpoint, before a kill) are
   dropped and counted in a log line, and TensorBoard hides events after the last kept step
   (its purge_step). 0 starts both logs afresh. `records` counts the records in the file.
+  The workdir may be a bucket (gs://): there each record rewrites the file in one upload (an
+  object store cannot append), locally it is appended and flushed.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool, progress: bool, total_steps: int,
@@ -31,39 +36,37 @@ class MetricWriter:
     self.is_main = is_main
     self.progress = progress and is_main
     self.total_steps = total_steps
-    self.path = os.path.join(workdir, filename)
+    self.path = os.fspath(paths.resolve(workdir) / filename)
     self.records = keep_records
-    self._tb = None
+    self._tb = self._f = self._lines = None
     if is_main:
-      os.makedirs(workdir, exist_ok=True)
-      last_step = self._truncate(keep_records)
-      self._f = open(self.path, "a", encoding="utf-8")
+      paths.makedirs(workdir)
+      self._lines = self._truncate(keep_records)
+      last_step = json.loads(self._lines[-1])["step"] if self._lines else None
+      if not paths.is_url(self.path):
+        self._f, self._lines = open(self.path, "a", encoding="utf-8"), None
       if tensorboard:
         import tensorboardX  # pylint: disable=import-outside-toplevel
         self._tb = tensorboardX.SummaryWriter(
-            os.path.join(workdir, "tensorboard"),
+            paths.tensorboard_dir(paths.resolve(workdir) / "tensorboard"),
             purge_step=0 if last_step is None else last_step + 1)
     self._t0 = time.time()
 
-  def _truncate(self, keep: int) -> int | None:
-    """Keeps the first `keep` records of the file (atomically); returns the last kept step."""
+  def _truncate(self, keep: int) -> list[str]:
+    """Keeps the first `keep` records of the file (atomically); returns them."""
     lines = []
-    if os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        lines = [ln for ln in f.read().split("\n") if ln.strip()]
+    if paths.resolve(self.path).exists():
+      lines = [ln for ln in paths.read_text(self.path).split("\n") if ln.strip()]
     if len(lines) < keep:  # the log was cut or replaced: resume anyway, and say so
       log.warning("%s: %d records, but the restored checkpoint was saved after record %d; "
                   "the earlier records are missing", self.path, len(lines), keep)
       self.records = len(lines)
     kept = lines[:keep]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write("".join(ln + "\n" for ln in kept))
-    os.replace(tmp, self.path)
+    paths.write_text(self.path, "".join(ln + "\n" for ln in kept))
     if len(lines) > keep:
       print(f"[metrics] {self.path}: kept {keep} records, dropped {len(lines) - keep} written "
             f"after the restored checkpoint", flush=True)
-    return json.loads(kept[-1])["step"] if kept else None
+    return kept
 
   def write(self, step: int, metrics: dict, *, kind: str = "train"):
     if not self.is_main:
@@ -77,16 +80,27 @@ class MetricWriter:
       else:
         f = to_float(v)
         rec[k] = f if math.isfinite(f) else str(f)
-    self._f.write(json.dumps(rec, sort_keys=True) + "\n")
-    self._f.flush()
+    self._append(json.dumps(rec, sort_keys=True))
     self.records += 1
     if self._tb is not None:
       for k, v in rec.items():
         if isinstance(v, float):
           self._tb.add_scalar(f"{kind}/{k.replace('@', '_at_')}", v, step)
+        elif k.endswith("_counts") and isinstance(v, list) and sum(v) > 0:
+          # counts[i] = how many had value i (e.g. staleness_counts): a histogram
+          self._tb.add_histogram(f"{kind}/{k.removesuffix('_counts')}",
+                                 np.repeat(np.arange(len(v)), v), step)
       self._tb.flush()
     if self.progress and kind == "train":
       self._console(step, rec)
+
+  def _append(self, line: str):
+    if self._f is not None:
+      self._f.write(line + "\n")
+      self._f.flush()
+    else:  # a bucket: the whole file again, in one upload
+      self._lines.append(line)
+      paths.write_text(self.path, "".join(ln + "\n" for ln in self._lines))
 
   def _console(self, step, rec):
     width = 20
@@ -101,7 +115,8 @@ class MetricWriter:
 
   def close(self):
     if self.is_main:
-      self._f.close()
+      if self._f is not None:
+        self._f.close()
       if self._tb is not None:
         self._tb.close()
 
@@ -150,6 +165,10 @@ class PhaseTimer:
     finally:
       self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
+  def add(self, name: str, seconds: float) -> None:
+    """A span measured elsewhere (an update dispatched here and seen to end later)."""
+    self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
   def metrics(self) -> dict:
     out = {f"time_{k}_s": v for k, v in self.seconds.items()}
     out["time_step_s"] = time.perf_counter() - self._t0
@@ -185,17 +204,42 @@ def combine_updates(step_metrics: list[dict]) -> dict:
   return out
 
 
+def policy_lag(batch, prep, version: int) -> dict:
+  """How far the trained tokens lag the policy that trains on them, and how far the sampler's
+  log-probs are from the trainer's on them (response tokens).
+
+  staleness = version - the version that drew the token (0 in the synchronous loop):
+  staleness_mean / _max, stale_token_frac (share > 0), staleness_counts (tokens per value).
+  mismatch_k1 / _k3: KL(sampler || trainer) estimated on the sampled tokens from
+  delta = log pi_trainer - log pi_sampler: k1 = mean(-delta), k3 = mean(e^delta - delta - 1)
+  (bf16 sampler vs f32 trainer, other kernels, a stale policy)."""
+  n, g, r = batch.versions.shape
+  resp = np.arange(r)[None, None, :] < batch.lengths[:, :, None]
+  lag = version - batch.versions[resp].astype(np.int64)
+  out = {"staleness_mean": float(lag.mean()) if lag.size else 0.0,
+         "staleness_max": float(lag.max()) if lag.size else 0.0,
+         "stale_token_frac": float((lag > 0).mean()) if lag.size else 0.0,
+         "staleness_counts": np.bincount(np.maximum(lag, 0)).tolist() if lag.size else []}
+  mask = np.asarray(prep.resp_mask_BxS, bool)
+  delta = np.where(mask, np.asarray(prep.logp_BxS, np.float64)
+                   - np.asarray(prep.behav_logp_BxS, np.float64), 0.0)
+  out["mismatch_k1"] = _masked_mean(-delta, mask)
+  out["mismatch_k3"] = _masked_mean(np.expm1(delta) - delta, mask)
+  return out
+
+
 def _masked_mean(x, mask) -> float:
-  mask = np.asarray(mask, np.float64)
-  return float((np.asarray(x, np.float64) * mask).sum() / max(mask.sum(), 1.0))
+  """On the host in float64 (core.stats.masked_mean takes numpy arrays as they are)."""
+  return float(stats.masked_mean(np.asarray(x, np.float64), np.asarray(mask, np.float64)))
 
 
 def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dict,
-                    timer: PhaseTimer) -> dict:
+                    timer: PhaseTimer, version: int) -> dict:
   """The dashboard record of one rollout step (the paper's Figs. 2-7 quantities, host floats).
 
   batch: the kept Groups; prep: the trainer's Prepared layout; step_metrics: host dicts of the
-  step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds)."""
+  step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds); version:
+  the policy version the step trained (its number)."""
   lengths = batch.lengths.astype(np.float64)
   tokens_generated = sampling_summary["gen_tokens"]  # all rounds, not only the kept groups
   out = {
@@ -213,6 +257,7 @@ def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dic
   out["tokens_per_s"] = tokens_generated / max(timer.seconds.get("rollout", 0.0), 1e-9)
   out.update(sampling_summary)
   out.update(combine_updates(step_metrics))
+  out.update(policy_lag(batch, prep, version))
   return out
 
 

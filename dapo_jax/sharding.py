@@ -108,6 +108,15 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
   return jax.tree.map(to_sharding, nnx.state(model), is_leaf=_is_var)
 
 
+def batch_shards(mesh_or_shape, rules=DEFAULT_RULES) -> int:
+  """Shards of the logical `batch` axis: the product of the mesh axes the rules map it to that
+  the mesh has (data x fsdp with the default table). Takes a Mesh or its shape mapping."""
+  shape = getattr(mesh_or_shape, "shape", mesh_or_shape)
+  target = dict(rules)["batch"]
+  axes = (target,) if isinstance(target, str) else tuple(target or ())
+  return math.prod(shape.get(ax, 1) for ax in axes)
+
+
 def data_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
   """Sharding of [B, ...] batch arrays: B over the mesh axes of logical `batch`."""
   return logical_to_mesh_sharding(("batch",), mesh, rules)

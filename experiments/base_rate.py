@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from dapo_jax import config as config_lib  # noqa: E402
-from dapo_jax.train import trainer  # noqa: E402
+from dapo_jax.train import rounds, trainer  # noqa: E402
 
 COLUMNS = ("difficulty", "avg@k", "ci95", "format_rate", "all_right", "all_wrong",
            "length_mean", "truncated", "seconds")
@@ -57,7 +57,7 @@ def measure(config_path: str, difficulty: int, overrides=()) -> dict:
   t0 = time.time()
   with tempfile.TemporaryDirectory() as workdir:
     run = trainer.build(cfg, workdir, resume=False)
-    e = trainer.run_eval(run, f"base_d{difficulty}")
+    e = rounds.run_eval(run, f"base_d{difficulty}")
   k = cfg.eval.num_samples
   return {"difficulty": difficulty, "k": k, "num_problems": e["num_problems"],
           "avg@k": e[f"avg@{k}"], "ci95": [e[f"avg@{k}_ci_lo"], e[f"avg@{k}_ci_hi"]],

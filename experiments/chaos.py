@@ -53,15 +53,15 @@ def _die(note: str):
 def _install(kind: str, step: int, rnd: int):
   """Wraps a trainer function so the process is signalled at (kind, step, round)."""
   from dapo_jax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from dapo_jax.train import trainer  # pylint: disable=import-outside-toplevel
+  from dapo_jax.train import rounds, trainer  # pylint: disable=import-outside-toplevel
   if kind == "round":
-    gen = trainer._generate_round  # pylint: disable=protected-access
+    gen = rounds.generate_round
 
     def round_hook(run, round_index, num_prompts):
       if run.step + 1 == step and round_index == rnd:
         _die(f"step {step}, before generation round {rnd}")
       return gen(run, round_index, num_prompts)
-    trainer._generate_round = round_hook  # pylint: disable=protected-access
+    rounds.generate_round = round_hook
   elif kind in ("save", "seam"):
     save = ckpt_lib.Checkpointer.save
 

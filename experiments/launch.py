@@ -1,299 +1,290 @@
-"""Expands a config's sweep into runs and launches them.
+"""Expands a config's sweep into runs and launches them: locally, as local processes of one
+multi-host run, on every worker of a Cloud TPU VM pod, or as GKE workloads through xpk.
 
   python experiments/launch.py --config=configs/ladder.py --sweep=ladder --backend=local \
       --workdir=runs/ladder --parallel=1
   python experiments/launch.py --config=configs/ladder.py --sweep=eps_high --backend=multihost \
       --num_processes=2 --workdir=runs/eps
-  python experiments/launch.py --config=configs/dapo_qwen25_32b.py --backend=tpu-pod \
-      --tpu_name=my-v5p-128 --zone=us-east5-a --workdir=/nfs/runs/dapo32b --dry_run
-  # without --dry_run: --topology=v5p-128 compiles every distinct run for the slice first
-  # (python -m dapo_jax.aot) and refuses one that does not fit; --skip_aot_check skips that
+  python experiments/launch.py --config=configs/dapo_qwen25_32b.py:hf_path=gs://BUCKET/Qwen2.5-32B \
+      --backend=tpu-pod --tpu_name=dapo --zone=us-east5-a --accelerator_type=v5p-128 \
+      --queued_resource --capacity=spot --setup --workdir=gs://BUCKET/dapo32b --dry_run
 
-Each run gets its own directory <workdir>/<run name> with log.txt, metrics.jsonl, checkpoints and
-results.json. Re-running a sweep skips runs that have results.json and resumes (--resume) runs
-that have a checkpoint. A config file without get_sweep() is one run named "run".
-A one-line-per-run summary table is printed at the end.
+Each run gets its own directory <workdir>/<run name> (local, or in a bucket: gs://...), holding
+metrics.jsonl, checkpoints and results.json; the local backends log to <run dir>/log.txt (a
+bucket's runs log under ./launch_logs/ and the log is copied beside the run). Re-running a launch
+skips runs that finished and resumes (--resume) runs that have a checkpoint; a config file
+without get_sweep() is one run named "run".
+
+tpu-pod and xpk check first that every distinct run fits the slice (python -m dapo_jax.aot,
+compiled on this CPU machine for --accelerator_type or --topology), also in a dry run, and refuse
+to go on without a slice to check unless --skip_fit_check is given. --queued_resource asks for
+the slice (gcloud ... queued-resources create; spot, reserved or on-demand) and waits for it to
+be ACTIVE; --setup puts this commit's tree on every worker and installs requirements-tpu.txt.
+The pod's runs go one after another; a preempted run stops the sweep (the slice is gone) and
+the next launch resumes it.
+
+The launch ends with one line per run: finished, preempted (how to resume), failed (exit status
+and the run's last `error:` line), skipped (finished before) or not started; the exit status is 1
+when any run did not finish. A refusal of the launch itself ends with one `error: ...` line
+(exit status 2).
 """
 import argparse
-import dataclasses
-import importlib.util
-import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from dapo_jax.train import checkpoint_dirs  # noqa: E402  (stdlib only; no JAX in the launcher)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_pod  # noqa: E402
+from launch_local import launch_local, local_commands, multihost_commands  # noqa: E402,F401
+from launch_pod import Pod, aot_check, aot_key, tpu_pod_command  # noqa: E402,F401  (API)
+from launch_runs import (REPO, LaunchError, Outcome, RunSpec, expand,  # noqa: E402,F401
+                         load_module, outcome, summary_row)
+import launch_runs  # noqa: E402
+from dapo_jax import paths  # noqa: E402
+
+QR_POLL_S = 30.0  # seconds between two looks at a queued resource's state
+POD_PREEMPT_CODES = (0, 255, 143, -15)  # main saved and stopped, or the pod's ssh session died
 
 
-@dataclasses.dataclass
-class RunSpec:
-  name: str
-  config_arg: str        # "configs/x.py" or "configs/x.py:a=1"
-  overrides: dict
-  workdir: str
-
-  def status(self) -> str:
-    if os.path.exists(os.path.join(self.workdir, "results.json")):
-      return "done"
-    if checkpoint_dirs.latest(os.path.join(self.workdir, "checkpoints")) is not None:
-      return "interrupted"
-    return "new"
-
-  def argv(self, python: str = sys.executable) -> list[str]:
-    cmd = [python, "-m", "dapo_jax.main", f"--config={self.config_arg}",
-           f"--workdir={self.workdir}"]
-    cmd += [f"--config.{k}={v}" for k, v in self.overrides.items()]
-    if self.status() == "interrupted":
-      cmd.append("--resume")
-    return cmd
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one `error:` line, like every other refusal of the launch
+    raise LaunchError(message)
 
 
-def load_module(path: str):
-  spec = importlib.util.spec_from_file_location("sweep_config", os.path.join(REPO, path)
-                                                if not os.path.isabs(path) else path)
-  if spec is None or spec.loader is None:
-    raise ValueError(f"--config: cannot load {path!r}")
-  module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, REPO)
-  spec.loader.exec_module(module)
-  return module
+def _flags() -> argparse.ArgumentParser:
+  ap = _Parser(description=__doc__.split("\n")[0])
+  add = ap.add_argument
+  add("--config", required=True, help="configs/*.py (with get_config / get_sweep)")
+  add("--sweep", default=None, help="argument to the config's get_sweep()")
+  add("--backend", choices=("local", "multihost", "tpu-pod", "xpk"), default="local")
+  add("--workdir", required=True, help="root directory (local or gs://...); one per run below")
+  add("--parallel", type=int, default=1, help="local: runs at once")
+  add("--num_processes", type=int, default=2, help="multihost: processes per run")
+  add("--devices_per_process", type=int, default=4, help="multihost: CPU devices")
+  add("--only", default="", help="comma-separated run names to launch (default all)")
+  add("--set", action="append", default=[], metavar="FIELD=VALUE",
+      help="config override for every run (e.g. checkpoint.export_hf=False); repeat")
+  add("--dry_run", action="store_true", help="print the commands (the fit check still runs)")
+  add("--tpu_name", default="", help="tpu-pod: the TPU VM (and its queued resource) name")
+  add("--zone", default="", help="tpu-pod / xpk: the zone")
+  add("--project", default="", help="tpu-pod / xpk: GCP project (default: gcloud's)")
+  add("--repo_dir", default="~/dapo_jax", help="tpu-pod: the repo on each worker (~ expands)")
+  add("--accelerator_type", default="", help="tpu-pod / xpk: the slice, e.g. v5p-128")
+  add("--topology", default="", help="the fit check's slice when it differs in name only "
+      "(v5e-16 for v5litepod-16); default: from --accelerator_type")
+  add("--skip_fit_check", action="store_true", help="tpu-pod / xpk: launch unchecked")
+  add("--setup", action="store_true", help="tpu-pod: this commit's tree and "
+      "requirements-tpu.txt on every worker first (idempotent)")
+  add("--queued_resource", action="store_true", help="tpu-pod: ask for the slice first "
+      "(gcloud ... queued-resources create) and wait until it is ACTIVE")
+  add("--capacity", choices=("on-demand", "spot", "reserved"), default="on-demand",
+      help="tpu-pod --queued_resource: how the slice is granted")
+  add("--runtime_version", default="", help="tpu-pod --queued_resource: TPU VM software "
+      "(default by generation, launch_pod.RUNTIME_VERSIONS)")
+  add("--cluster", default="", help="xpk: the GKE cluster")
+  add("--base_docker_image", default="python:3.11", help="xpk: the image the repo is added to")
+  add("--max_restarts", type=int, default=3, help="xpk: restarts after a failure or "
+      "preemption (each resumes from the newest checkpoint)")
+  return ap
 
 
-def expand(config_arg: str, sweep: str | None, workdir: str) -> list[RunSpec]:
-  """`config_arg` is "file.py" or "file.py:arg", as dapo_jax.main's --config takes it."""
-  config_path, _, user_arg = config_arg.partition(":")
-  module = load_module(config_path)
-  if not hasattr(module, "get_sweep"):
-    if sweep:
-      raise ValueError(f"--sweep: {config_path} defines no get_sweep()")
-    module.get_config(user_arg or None)  # a bad argument fails here, before launching
-    return [RunSpec("run", config_arg, {}, os.path.join(workdir, "run"))]
-  runs = []
-  for r in module.get_sweep(sweep):
-    both = {kv.split("=")[0] for kv in r["arg"].split(",") if kv} & \
-        {kv.split("=")[0] for kv in user_arg.split(",") if kv}
-    if both:
-      raise ValueError(f"--config={config_arg}: sweep {sweep!r} run {r['name']!r} sets "
-                       f"{sorted(both)} itself ({r['arg']!r})")
-    r_arg = ",".join(a for a in (r["arg"], user_arg) if a)  # the sweep's, then the file's
-    module.get_config(r_arg or None)  # fail here, before launching, on a bad sweep entry
-    arg = f"{config_path}:{r_arg}" if r_arg else config_path
-    runs.append(RunSpec(r["name"], arg, dict(r["overrides"]), os.path.join(workdir, r["name"])))
-  names = [r.name for r in runs]
-  if len(set(names)) != len(names):
-    raise ValueError(f"{config_path}: get_sweep({sweep!r}) has duplicate run names")
+def parse(argv) -> argparse.Namespace:
+  """The flags, checked against each other (LaunchError names the flag)."""
+  args = _flags().parse_args(argv)
+  if args.parallel < 1:
+    raise LaunchError("--parallel: must be >= 1")
+  pod = args.backend in ("tpu-pod", "xpk")
+  if args.backend == "tpu-pod" and not (args.tpu_name and args.zone):
+    raise LaunchError("--backend=tpu-pod needs --tpu_name and --zone")
+  if args.backend == "xpk" and not (args.cluster and args.accelerator_type):
+    raise LaunchError("--backend=xpk needs --cluster and --accelerator_type (e.g. v5p-128)")
+  if args.queued_resource and not args.accelerator_type:
+    raise LaunchError("--queued_resource needs --accelerator_type (e.g. v5p-128)")
+  if (args.setup or args.queued_resource) and args.backend != "tpu-pod":
+    raise LaunchError("--setup and --queued_resource are for --backend=tpu-pod")
+  if args.accelerator_type:
+    implied = launch_pod.topology_of(args.accelerator_type)
+    if args.topology and args.topology != implied:
+      raise LaunchError(f"--topology={args.topology} and --accelerator_type="
+                        f"{args.accelerator_type} (= {implied}) name different slices")
+    args.topology = implied
+  if pod and not (args.topology or args.skip_fit_check):
+    raise LaunchError(f"--backend={args.backend}: the fit check needs the slice: give "
+                      f"--accelerator_type (e.g. v5p-128) or --topology, or --skip_fit_check "
+                      f"to launch without it")
+  args.workdir = _workdir(args.workdir, pod)
+  return args
+
+
+def _workdir(workdir: str, pod: bool) -> str:
+  """A URL stays a URL; a pod's local path must be absolute (the same on every worker)."""
+  if paths.is_url(workdir):
+    return workdir.rstrip("/")
+  if pod:
+    if not os.path.isabs(workdir):
+      raise LaunchError(f"--workdir={workdir}: a pod's runs need a bucket (gs://...) or an "
+                        f"absolute path that every worker mounts")
+    print(f"note: --workdir={workdir} is a path on each worker: it must be one file system "
+          f"every worker mounts (NFS, Filestore, gcsfuse); gs://BUCKET/... needs nothing "
+          f"mounted", file=sys.stderr)
+    return workdir.rstrip("/")
+  return os.path.abspath(workdir)
+
+
+def runs_of(args) -> list[RunSpec]:
+  runs = expand(args.config, args.sweep, args.workdir)
+  launch_runs.apply_sets(runs, args.set)
+  runs = launch_runs.select(runs, args.only)
+  if args.dry_run and paths.is_url(args.workdir):
+    print(f"note: a dry run does not read {args.workdir}: the commands are those of new runs "
+          f"(a launch adds --resume to each run with a checkpoint there)", file=sys.stderr)
+    for run in runs:
+      run.read_state = False
   return runs
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def check(args, runs: list[RunSpec]) -> None:
+  """The fit check of every distinct run still to do (tpu-pod, xpk), unless skipped."""
+  if args.backend not in ("tpu-pod", "xpk") or args.skip_fit_check:
+    return
+  pending = [r for r in runs if r.status() != "finished"]
+  misfits = aot_check(pending, args.topology) if pending else []
+  if misfits:
+    raise LaunchError(f"--topology={args.topology}: {', '.join(misfits)} do(es) not fit the "
+                      f"slice (see the tables above); --skip_fit_check launches anyway")
 
 
-def local_commands(run: RunSpec):
-  return [(run.argv(), dict(os.environ))]
+def _show(cmd: list[str]) -> None:
+  print(" ".join(shlex.quote(c) for c in cmd), flush=True)
 
 
-def multihost_commands(run: RunSpec, num_processes: int, devices_per_process: int):
-  """One command per local process: jax.distributed over loopback with gloo CPU collectives."""
-  port = _free_port()
-  out = []
-  for pid in range(num_processes):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_force_host_platform_device_count={devices_per_process}").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    argv = run.argv() + [
-        "--config.distributed.enabled=True",
-        f"--config.distributed.coordinator_address=127.0.0.1:{port}",
-        f"--config.distributed.num_processes={num_processes}",
-        f"--config.distributed.process_id={pid}",
-        "--config.distributed.cpu_collectives=gloo"]
-    out.append((argv, env))
-  return out
+def _run(cmd: list[str], *, dry: bool, capture: bool = False) -> str:
+  """Prints `cmd`; unless `dry`, runs it (LaunchError if it fails) and returns its stdout."""
+  _show(cmd)
+  if dry:
+    return ""
+  p = subprocess.run(cmd, capture_output=capture, text=True, check=False)
+  if p.returncode != 0:
+    raise LaunchError(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''} ... failed with exit "
+                      f"{p.returncode}: {(p.stderr or '').strip()[-300:]}")
+  return p.stdout or ""
 
 
-def tpu_pod_command(run: RunSpec, *, tpu_name: str, zone: str, project: str,
-                    repo_dir: str) -> list[str]:
-  """The gcloud command that runs this run's main on every worker of a Cloud TPU VM pod."""
-  inner = " ".join(shlex.quote(a) for a in run.argv(python="python3"))
-  cmd = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
-         "--worker=all", f"--command=cd {repo_dir} && {inner}"]
-  if project:
-    cmd.insert(5, f"--project={project}")
-  return cmd
+def get_slice(args, pod: Pod) -> None:
+  """--queued_resource: asks for the slice unless it is there (a failed or preempted request
+  is deleted and asked for again), then waits for ACTIVE."""
+  state_cmd = launch_pod.queued_resource_state(pod)
+  state = "" if args.dry_run else _state(state_cmd)
+  if state in launch_pod.FAILED_STATES:
+    _run(launch_pod.queued_resource_delete(pod), dry=False)
+  if state in ("", *launch_pod.FAILED_STATES):
+    _run(launch_pod.queued_resource_create(
+        pod, accelerator_type=args.accelerator_type, capacity=args.capacity,
+        runtime=launch_pod.runtime_version(args.accelerator_type, args.runtime_version)),
+         dry=args.dry_run)
+  _show(state_cmd)  # polled until it prints ACTIVE
+  while not args.dry_run and state != launch_pod.ACTIVE:
+    time.sleep(QR_POLL_S)
+    state = _state(state_cmd)
+    print(f"[slice] {pod.tpu_name}: {state or 'not found'}", flush=True)
+    if state in launch_pod.FAILED_STATES:
+      raise LaunchError(f"queued resource {pod.tpu_name} is {state} (no capacity granted): "
+                        f"rerun the launch to ask again, or try --capacity / another zone")
 
 
-# Overrides that change no compiled shape or buffer: runs differing only in these share one
-# ahead-of-time check (an eps_high sweep compiles once; a max_new_tokens sweep does not).
-_AOT_NEUTRAL = ("seed", "algo.eps_low", "algo.eps_high", "algo.clip_c", "algo.overlong_cache_len",
-                "algo.overlong_factor", "algo.overlong_penalty", "algo.overlong_filter",
-                "rollout.temperature", "rollout.top_p", "rollout.top_k", "train.num_steps",
-                "optim.", "eval.", "checkpoint.", "log.", "distributed.")
+def _state(cmd: list[str]) -> str:
+  p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  return p.stdout.strip() if p.returncode == 0 else ""
 
 
-def aot_key(run: RunSpec) -> tuple:
-  kept = {k: v for k, v in run.overrides.items() if not k.startswith(_AOT_NEUTRAL)}
-  return (run.config_arg, tuple(sorted((k, str(v)) for k, v in kept.items())))
+def setup_workers(args, pod: Pod) -> None:
+  sha, dirty = launch_pod.repo_commit()
+  if dirty:
+    print(f"note: the working tree has uncommitted changes; the workers get commit {sha[:12]} "
+          f"without them", file=sys.stderr)
+  for cmd in launch_pod.setup_commands(pod, sha):
+    _run(cmd, dry=args.dry_run)
 
 
-def aot_check(runs: list, topology: str) -> list[str]:
-  """Compiles each distinct run for the slice (python -m dapo_jax.aot); returns the names of
-  runs that do not fit (or whose check failed)."""
-  groups: dict = {}
-  for run in runs:
-    groups.setdefault(aot_key(run), []).append(run)
-  misfits = []
-  for (config_arg, kept), members in groups.items():
-    cmd = [sys.executable, "-m", "dapo_jax.aot", f"--config={config_arg}",
-           f"--topology={topology}"] + [f"--config.{k}={v}" for k, v in kept]
-    print(f"[aot] {', '.join(r.name for r in members)}: {' '.join(map(shlex.quote, cmd))}",
-          flush=True)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    print("\n".join(l for l in p.stdout.splitlines() if not l.startswith("[aot] ")))
-    if p.returncode not in (0, 1):  # failed before a verdict (a bad config, no libtpu)
-      print((p.stderr.strip().splitlines() or ["the check failed"])[-1])
-    if p.returncode != 0:
-      misfits += [r.name for r in members]
-  return misfits
-
-
-def _launch(cmds, log_path):
+def _tee(cmd: list[str], log_path: str) -> tuple[int, list[str]]:
+  """Runs `cmd`, its output to the console and appended to `log_path`; (status, lines)."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
-  procs = []
-  for i, (argv, env) in enumerate(cmds):
-    path = log_path if i == 0 else log_path.replace(".txt", f".p{i}.txt")
-    f = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
-    procs.append((subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT),
-                  f))
-  return procs
+  lines = []
+  with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
+      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+    for line in p.stdout:
+      sys.stdout.write(line)
+      log.write(line)
+      lines.append(line)
+  return p.returncode, lines[-200:]
 
 
-def _summary_row(run: RunSpec, status: str, wall: float | None) -> str:
-  res = os.path.join(run.workdir, "results.json")
-  before = after = "-"
-  steps = "-"
-  if os.path.exists(res):
-    with open(res, encoding="utf-8") as f:
-      r = json.load(f)
-    key = next((k for k in r.get("after", {}) if k.startswith("avg@") and "_ci" not in k), None)
-    if key:
-      after = f"{key} {100 * r['after'][key]:.1f}"
-      if "before" in r:
-        before = f"{100 * r['before'][key]:.1f}"
-    steps = str(r.get("steps", "-"))
-  w = f"{wall:.0f}s" if wall is not None else "-"
-  return f"{run.name:<28} {status:<12} steps {steps:>5}  before {before:>6}  after {after:>14}  {w}"
+def launch_pod_runs(args, runs: list[RunSpec]) -> dict:
+  """tpu-pod: the slice and workers (if asked), then each run on every worker, in turn."""
+  pod = Pod(args.tpu_name, args.zone, args.project, args.repo_dir)
+  if args.queued_resource:
+    get_slice(args, pod)
+  if args.setup:
+    setup_workers(args, pod)
+  outcomes = {}
+  for i, run in enumerate(runs):
+    cmd = tpu_pod_command(run, pod)
+    _show(cmd)
+    if args.dry_run:
+      continue
+    t0 = time.time()
+    rc, lines = _tee(cmd, launch_runs.log_path(run))
+    outcomes[run.name] = outcome(run, rc, lines, wall_s=time.time() - t0,
+                                 preempt_codes=POD_PREEMPT_CODES)
+    launch_runs.copy_log(run)
+    if outcomes[run.name].state == "preempted":  # the slice is gone: the rest waits
+      outcomes.update({r.name: Outcome("not started", "after a preemption; rerun the launch")
+                       for r in runs[i + 1:]})
+      break
+  return outcomes
 
 
-def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--config", required=True, help="configs/*.py (with get_config / get_sweep)")
-  ap.add_argument("--sweep", default=None, help="argument to the config's get_sweep()")
-  ap.add_argument("--backend", choices=("local", "multihost", "tpu-pod"), default="local")
-  ap.add_argument("--workdir", required=True, help="root directory; one sub-directory per run")
-  ap.add_argument("--parallel", type=int, default=1, help="local: runs at once")
-  ap.add_argument("--num_processes", type=int, default=2, help="multihost: processes per run")
-  ap.add_argument("--devices_per_process", type=int, default=4, help="multihost: CPU devices")
-  ap.add_argument("--tpu_name", default="", help="tpu-pod: the TPU VM name")
-  ap.add_argument("--zone", default="", help="tpu-pod: its zone")
-  ap.add_argument("--project", default="", help="tpu-pod: GCP project (default: gcloud's)")
-  ap.add_argument("--repo_dir", default="~/dapo_jax",
-                  help="tpu-pod: repo path on the workers (used unquoted, so ~ expands)")
-  ap.add_argument("--only", default="", help="comma-separated run names to launch (default all)")
-  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                  help="config override for every run (e.g. checkpoint.export_hf=False); repeat")
-  ap.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  ap.add_argument("--topology", default="",
-                  help="tpu-pod: the slice, e.g. v5p-128; each run is compiled for it first "
-                       "(python -m dapo_jax.aot) and a run that does not fit is not launched")
-  ap.add_argument("--skip_aot_check", action="store_true",
-                  help="tpu-pod: launch without the ahead-of-time fit check")
-  args = ap.parse_args(argv)
-  if args.parallel < 1:
-    ap.error("--parallel must be >= 1")
-  if args.backend == "tpu-pod" and not (args.tpu_name and args.zone):
-    ap.error("--backend=tpu-pod needs --tpu_name and --zone")
-  if (args.backend == "tpu-pod" and not args.dry_run and not args.skip_aot_check
-      and not args.topology):
-    ap.error("--backend=tpu-pod needs --topology (e.g. v5p-128) for the fit check, or "
-             "--skip_aot_check")
-
-  workdir = os.path.abspath(args.workdir)
-  runs = expand(args.config, args.sweep, workdir)
-  for item in args.set:
-    if "=" not in item:
-      ap.error(f"--set: expected FIELD=VALUE, got {item!r}")
-    key, value = item.split("=", 1)
-    for run in runs:  # a sweep's own value for the field wins
-      run.overrides.setdefault(key, value)
-  if args.only:
-    wanted = set(args.only.split(","))
-    unknown = wanted - {r.name for r in runs}
-    if unknown:
-      ap.error(f"--only: unknown run names {sorted(unknown)}")
-    runs = [r for r in runs if r.name in wanted]
-
-  rows, pending = {}, []
+def launch_xpk(args, runs: list[RunSpec]) -> dict:
+  outcomes = {}
   for run in runs:
-    if run.status() == "done":
-      rows[run.name] = _summary_row(run, "skipped", None)
-    else:
-      pending.append(run)
+    cmd = launch_pod.xpk_command(
+        run, cluster=args.cluster, accelerator_type=args.accelerator_type,
+        image=args.base_docker_image, zone=args.zone, project=args.project,
+        max_restarts=args.max_restarts)
+    _run(cmd, dry=args.dry_run)
+    outcomes[run.name] = Outcome("submitted", f"xpk workload list --cluster={args.cluster} "
+                                 f"shows {launch_pod.workload_name(run.name)}; rerun the launch "
+                                 f"to read its results")
+  return {} if args.dry_run else outcomes
 
-  if args.backend == "tpu-pod":
-    if not (args.dry_run or args.skip_aot_check):
-      misfits = aot_check(pending, args.topology)
-      if misfits:
-        print(f"[aot] refusing to launch: {', '.join(misfits)} do(es) not fit "
-              f"{args.topology} (see the tables above; --skip_aot_check launches anyway)")
-        return 1
-    for run in pending:
-      cmd = tpu_pod_command(run, tpu_name=args.tpu_name, zone=args.zone, project=args.project,
-                            repo_dir=args.repo_dir)
-      print(" ".join(shlex.quote(c) for c in cmd))
-      if not args.dry_run:
-        subprocess.run(cmd, check=True)
-        rows[run.name] = _summary_row(run, "launched", None)
-    if args.dry_run:
-      return 0
-  else:
-    make = (local_commands if args.backend == "local" else
-            lambda r: multihost_commands(r, args.num_processes, args.devices_per_process))
-    if args.dry_run:
-      for run in pending:
-        for argv_, _ in make(run):
-          print(" ".join(shlex.quote(a) for a in argv_))
-      return 0
-    width = args.parallel if args.backend == "local" else 1
-    queue, live = list(pending), []
-    while queue or live:
-      while queue and len(live) < width:
-        run = queue.pop(0)
-        print(f"[launch] {run.name} ({run.status()}) -> {run.workdir}", flush=True)
-        live.append((run, _launch(make(run), os.path.join(run.workdir, "log.txt")), time.time()))
-      time.sleep(0.5)
-      for item in list(live):
-        run, procs, t0 = item
-        if all(p.poll() is not None for p, _ in procs):
-          for _, f in procs:
-            f.close()
-          ok = all(p.returncode == 0 for p, _ in procs)
-          rows[run.name] = _summary_row(run, "done" if ok else
-                                        f"failed({procs[0][0].returncode})", time.time() - t0)
-          print(f"[launch] {rows[run.name]}", flush=True)
-          live.remove(item)
+
+def summarise(runs: list[RunSpec], outcomes: dict) -> int:
+  """One line per run; 1 if any run did not finish (a submitted xpk workload counts as done)."""
   print("\n== summary ==")
   for run in runs:
-    print(rows.get(run.name, _summary_row(run, run.status(), None)))
-  return 0 if all("failed" not in r for r in rows.values()) else 1
+    print(summary_row(run, outcomes[run.name]))
+  done = ("finished", "skipped", "submitted")
+  return 0 if all(outcomes[r.name].state in done for r in runs) else 1
+
+
+def main(argv=None) -> int:
+  """parse -> expand -> check -> launch -> summarise. A refusal: one `error:` line, exit 2."""
+  try:
+    args = parse(argv)
+    runs = runs_of(args)
+    check(args, runs)
+    todo = [r for r in runs if r.status() != "finished"]
+    launcher = {"tpu-pod": launch_pod_runs, "xpk": launch_xpk}.get(args.backend, launch_local)
+    outcomes = launcher(args, todo)
+  except (LaunchError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  if args.dry_run:
+    return 0
+  skipped = {r.name: Outcome("skipped", "finished before") for r in runs if r not in todo}
+  return summarise(runs, outcomes | skipped)
 
 
 if __name__ == "__main__":

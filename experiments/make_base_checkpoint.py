@@ -22,7 +22,7 @@ from flax import nnx  # noqa: E402
 
 from dapo_jax import config as config_lib, sharding  # noqa: E402
 from dapo_jax.models import hf_io  # noqa: E402
-from dapo_jax.train import setup, sft  # noqa: E402
+from dapo_jax.train import placement, setup, sft  # noqa: E402
 from experiments.launch import load_module  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def main():
   if args.lr is not None:
     c.warm_start.lr = args.lr
   cfg = config_lib.parse(c)
-  mesh = setup.build_mesh(cfg)
+  mesh = placement.build_mesh(cfg)
   task = setup.load_task(cfg)
   model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)

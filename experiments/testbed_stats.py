@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 from dapo_jax import config as config_lib  # noqa: E402
 from dapo_jax.data import synthetic, template, testbed  # noqa: E402
-from dapo_jax.train import trainer  # noqa: E402
+from dapo_jax.train import rounds, trainer  # noqa: E402
 from experiments.launch import load_module  # noqa: E402
 
 
@@ -38,13 +38,13 @@ def _difficulty(run, prompt_ids) -> int:
   return len(synthetic.parse_problem(template.split_prompt(text))[1])
 
 
-def measure(c, rounds: int) -> dict:
+def measure(c, num_rounds: int) -> dict:
   cfg = config_lib.parse(c)
   with tempfile.TemporaryDirectory() as workdir:
     run = trainer.build(cfg, workdir, resume=False)
     parts, ent_sum, ent_count = [], 0.0, 0.0
-    for r in range(rounds):
-      g = trainer._generate_round(run, r, cfg.train.batch_size)  # pylint: disable=protected-access
+    for r in range(num_rounds):
+      g = rounds.generate_round(run, r, cfg.train.batch_size)
       prep = trainer.prepare(run, g, separate_pass=True)
       ent_sum += float((prep.entropy_BxS * prep.resp_mask_BxS).sum())
       ent_count += float(prep.resp_mask_BxS.sum())

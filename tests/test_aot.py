@@ -13,7 +13,7 @@ from configs import tiny_cpu
 from dapo_jax import config as config_lib
 from dapo_jax.aot import report, topology
 from dapo_jax.models import hf_io
-from dapo_jax.train import setup
+from dapo_jax.train import placement, setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -66,7 +66,7 @@ def test_hf_source_run_field_reaches_model(field):
 
 def test_build_model_hf_applies_run_fields(cpu_devices):
   cfg = _cfg(**{"model.dtype": "bfloat16", "model.remat": True, "model.logits_chunk": 64})
-  mesh = setup.build_mesh(cfg, cpu_devices)
+  mesh = placement.build_mesh(cfg, cpu_devices)
   model, mcfg = setup.build_model(cfg, mesh, [0] * 162)
   assert (model.cfg.dtype, model.cfg.remat, model.cfg.logits_chunk) == ("bfloat16", True, 64)
   assert mcfg == model.cfg

@@ -1,6 +1,5 @@
 """The policy-loss family against NumPy restatements of each paper: values, gradients,
 micro-batched == full batch, sharded == unsharded, token selection and off-policy correction."""
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -3,13 +3,10 @@ disk during a save, and a metrics log cut back to its checkpoint."""
 import gc
 import json
 import os
-import signal
 import struct
 import subprocess
-import sys
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -125,7 +122,7 @@ def test_intact_checkpoint_of_another_shape_is_not_called_corrupt(tmp_path):
 
 def test_save_larger_than_free_space_stops_at_once(tmp_path, monkeypatch):
   ck = _saved(tmp_path / "ck", steps=(1,))
-  monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda path: _Usage(free=1000))
+  monkeypatch.setattr(ckpt_lib.paths.shutil, "disk_usage", lambda path: _Usage(free=1000))
   with pytest.raises(ckpt_lib.CheckpointError,
                      match=r"step 2 to .*ck: needs about 16,.* bytes, 1,000 free.*step 1"):
     ck.save(2, _state(2.0), {"step": 2})
@@ -152,7 +149,7 @@ def test_full_disk_during_a_save_stops_with_the_path(small_disk, monkeypatch):
     ck.save(2, big, {"step": 2})
   # Space that runs out while writing (another process filled the disk): the background
   # save's failure surfaces at the next poll, names the path, and leaves no temporary directory.
-  monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda path: _Usage(free=1 << 40))
+  monkeypatch.setattr(ckpt_lib.paths.shutil, "disk_usage", lambda path: _Usage(free=1 << 40))
   ck.save(2, big, {"step": 2})
   with pytest.raises(ckpt_lib.CheckpointError,
                      match=r"step 2 to .*small/ck failed: .*No space left on device.*step 1\) "

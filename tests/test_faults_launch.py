@@ -21,5 +21,7 @@ def test_config_file_with_an_argument(tmp_path):
 def test_sweep_with_a_file_argument(tmp_path):
   runs = launch.expand("configs/ladder.py:base=qwen25_32b", "eps_high", str(tmp_path))
   assert runs[0].config_arg == "configs/ladder.py:rung=dapo,seed=0,base=qwen25_32b"
-  with pytest.raises(ValueError, match=r"sets \['rung'\] itself"):
+  with pytest.raises(ValueError, match=r"sets \['rung'\] in each of its runs.*"
+                     r"--only=dapo_s0,dapo_s1,.*python -m dapo_jax.main "
+                     r"--config=configs/ladder.py:rung=dapo"):
     launch.expand("configs/ladder.py:rung=dapo", "ladder", str(tmp_path))

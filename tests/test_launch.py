@@ -23,17 +23,19 @@ def test_status_skip_and_resume(tmp_path):
   run = launch.expand("configs/ladder.py", "ladder", str(tmp_path))[0]
   assert run.status() == "new" and "--resume" not in run.argv()
   os.makedirs(os.path.join(run.workdir, "checkpoints", "4"))
-  assert run.status() == "interrupted" and run.argv()[-1] == "--resume"
+  assert run.status() == "resumable" and run.argv()[-1] == "--resume"
   with open(os.path.join(run.workdir, "results.json"), "w", encoding="utf-8") as f:
     f.write('{"steps": 12, "after": {"avg@16": 0.5}, "before": {"avg@16": 0.25}}')
-  assert run.status() == "done"
-  row = launch._summary_row(run, "skipped", None)
+  assert run.status() == "finished"
+  row = launch.summary_row(run, launch.Outcome("skipped", "finished before"))
   assert "before   25.0" in row and "avg@16 50.0" in row and "steps    12" in row
+  assert row.split()[1] == "skipped" and row.endswith("finished before")
 
 
 def test_dry_runs_print_exact_commands(tmp_path, capsys):
   assert launch.main(["--config=configs/dapo_qwen25_32b.py", "--backend=tpu-pod",
-                      "--tpu_name=pod", "--zone=z", f"--workdir={tmp_path}", "--dry_run"]) == 0
+                      "--tpu_name=pod", "--zone=z", f"--workdir={tmp_path}", "--dry_run",
+                      "--skip_fit_check"]) == 0
   out = capsys.readouterr().out.strip().splitlines()
   assert len(out) == 1 and out[0].startswith("gcloud compute tpus tpu-vm ssh pod --zone=z")
   assert "--worker=all" in out[0] and "dapo_jax.main --config=configs/dapo_qwen25_32b.py" in out[0]
@@ -50,10 +52,16 @@ def test_dry_runs_print_exact_commands(tmp_path, capsys):
   assert "eps_high=0.1" not in out
 
 
-def test_bad_arguments(tmp_path):
-  with pytest.raises(SystemExit):
-    launch.main(["--config=configs/ladder.py", "--backend=tpu-pod", f"--workdir={tmp_path}"])
-  with pytest.raises(SystemExit):
-    launch.main(["--config=configs/ladder.py", f"--workdir={tmp_path}", "--only=nope"])
-  with pytest.raises(ValueError, match="unknown sweep"):
-    launch.main(["--config=configs/ladder.py", "--sweep=bogus", f"--workdir={tmp_path}"])
+@pytest.mark.parametrize("args,message", [
+    (["--backend=tpu-pod"], "--backend=tpu-pod needs --tpu_name and --zone"),
+    (["--only=nope"], "--only: unknown run names ['nope']"),
+    (["--sweep=bogus"], "unknown sweep"),
+    (["--parallel=0"], "--parallel: must be >= 1"),
+    (["--backend=nope"], "argument --backend: invalid choice"),
+])
+def test_bad_arguments_end_with_one_error_line(tmp_path, capsys, args, message):
+  with pytest.raises(SystemExit) as e:
+    launch.main(["--config=configs/ladder.py", f"--workdir={tmp_path}", *args])
+  assert e.value.code == 2
+  last = capsys.readouterr().err.strip().splitlines()[-1]
+  assert last.startswith("error: ") and message in last, last

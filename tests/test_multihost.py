@@ -77,3 +77,18 @@ def test_two_processes_equal_one(tmp_path):
         assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
       else:
         assert a[k] == b[k], (a["step"], k)
+
+
+def test_two_processes_split_placement_with_staleness(tmp_path):
+  """2 processes x 4 devices, each giving 2 to its sampler and 2 to the trainer: the weight
+  sync crosses from the trainer's devices to the sampler's on every host (a collective every
+  process enters at the same round boundary) and no token trains more than 1 version late."""
+  over = dict(OVERRIDES, **{"rollout.placement": "split", "rollout.sampler_devices": 4.0,
+                            "rollout.max_staleness": 1, "rollout.partial": True,
+                            "algo.is_correction": "tis_token", "train.num_steps": 3})
+  spec = launch.RunSpec("split", "configs/tiny_cpu.py", over, str(tmp_path / "split"))
+  recs = [r for r in _run(launch.multihost_commands(spec, 2, 4), spec.workdir)
+          if r["kind"] == "train"]
+  assert [r["step"] for r in recs] == [1, 2, 3]
+  assert all(r["staleness_max"] <= 1.0 and np.isfinite(r["loss"]) for r in recs)
+  assert recs[0]["staleness_max"] == 0.0  # the first batch: sampled before any update

@@ -50,10 +50,11 @@ def test_bad_ranks_name_the_argument(bad, name):
     losses.policy_loss(args["logp"], args["old"], args["adv"], jnp.ones((2, 3)))
 
 
-def test_check_clip_args_names_dapo_and_its_parameter():
+def test_resolve_params_names_dapo_and_its_parameter():
   with pytest.raises(ValueError, match=r"^eps_low: must be in \[0, 1\) for loss mode 'dapo'"):
-    losses.check_clip_args(eps_low=1.5, eps_high=0.28, clip_c=None)
-  losses.check_clip_args(eps_low=0.2, eps_high=0.28, clip_c=3.0)
+    losses.resolve_params("dapo", dict(eps_low=1.5, eps_high=0.28, clip_c=None))
+  assert losses.resolve_params("dapo", dict(eps_low=0.2, eps_high=0.28, clip_c=3.0)) == dict(
+      eps_low=0.2, eps_high=0.28, clip_c=3.0)
 
 
 @pytest.mark.parametrize("which, name", [("behav", "behav_logp_BxT: shape (2, 2) does not "

@@ -34,7 +34,8 @@ def test_integer_verdicts_are_booleans():
 def test_step_metrics_with_phrases_is_groups_metrics():
   texts = {1: "Answer: 3", 2: "Let me check.\nAnswer: 3"}
   g = Groups(prompts=[[9]], answers=["3"], tokens=np.array([[[1], [2]]], np.int32),
-             behav_logp=np.zeros((1, 2, 1), np.float32), lengths=np.ones((1, 2), np.int32),
+             behav_logp=np.zeros((1, 2, 1), np.float32), versions=np.zeros((1, 2, 1), np.int32),
+             lengths=np.ones((1, 2), np.int32),
              truncated=np.zeros((1, 2), bool), correct=np.array([[True, True]]),
              parsed=np.ones((1, 2), bool),
              score=np.ones((1, 2), np.float32), reward=np.ones((1, 2), np.float32))

@@ -37,23 +37,21 @@ def test_pack_unpack_round_trip(enabled):
   tokens, mask = _rows(np.random.default_rng(2).integers(1, 21, 12), 20)
   plan = packing.pack(tokens, mask, micro_batches=3, enabled=enabled)
   back = lambda x: packing.unpack(x, plan, mask, micro_batches=3)
-  np.testing.assert_array_equal(back(plan["pack_tokens"]), tokens)
-  np.testing.assert_array_equal(back(plan["pack_positions"]), np.arange(20)[None] * mask)
-  seg = plan["pack_segments"]
-  assert (seg > 0).sum() == mask.sum()
-  assert packing.num_micro(plan["pack_micro"]) == (3 if not enabled else
-                                                   packing.num_micro(plan["pack_micro"]))
+  np.testing.assert_array_equal(back(plan.tokens_BxS), tokens)
+  np.testing.assert_array_equal(back(plan.positions_BxS), np.arange(20)[None] * mask)
+  assert (plan.segments_BxS > 0).sum() == mask.sum()
+  if not enabled:  # the identity plan runs every micro-batch
+    assert packing.num_micro(plan.micro_B) == 3
 
 
 def test_identity_plan_on_device_equals_the_host_plan():
   tokens, mask = _rows([5, 20, 1, 7, 9, 12], 20)
   host = packing.pack(tokens, mask, micro_batches=2, enabled=False)
   dev = packing.identity_plan(tokens, mask, micro_batches=2)
-  for k in ("pack_tokens", "pack_segments", "pack_src", "pack_micro"):
-    np.testing.assert_array_equal(np.asarray(dev[k]), host[k], err_msg=k)
+  for k in ("tokens_BxS", "segments_BxS", "src_BxS", "micro_B"):
+    np.testing.assert_array_equal(np.asarray(getattr(dev, k)), getattr(host, k), err_msg=k)
   real = mask > 0
-  np.testing.assert_array_equal(np.asarray(dev["pack_positions"])[real],
-                                host["pack_positions"][real])
+  np.testing.assert_array_equal(np.asarray(dev.positions_BxS)[real], host.positions_BxS[real])
 
 
 @pytest.mark.parametrize("lengths, msg", [([0, 3], r"lengths must be in \[1, 4\]"),
@@ -73,16 +71,16 @@ def test_pack_rejects_holes_and_bad_splits():
 
 
 def _packed(batch, cfg):
-  plan = packing.pack(batch["tokens"], batch["attn_mask"], micro_batches=cfg.micro_batches)
-  return dict(batch, **plan), plan
+  plan = packing.pack(batch.tokens_BxS, batch.attn_mask_BxS, micro_batches=cfg.micro_batches)
+  return dataclasses.replace(batch, pack=plan), plan
 
 
 def _assert_packed_equals_padded(batch, cfg, tol=1e-5):
   graphdef, state, opt = _setup(cfg=cfg)
-  padded, m_pad = _step(graphdef, opt, cfg)(state, batch)
+  padded, m_pad, _ = _step(graphdef, opt, cfg)(state, batch)
   packed_batch, plan = _packed(batch, cfg)
   graphdef, state, opt = _setup(cfg=cfg)
-  packed, m_pack = _step(graphdef, opt, cfg)(state, packed_batch)
+  packed, m_pack, _ = _step(graphdef, opt, cfg)(state, packed_batch)
   for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
   assert set(m_pad) == set(m_pack)
@@ -96,11 +94,11 @@ def _assert_packed_equals_padded(batch, cfg, tol=1e-5):
 @pytest.mark.parametrize("micro", [None, 4])
 def test_packed_update_equals_padded(agg, micro):
   batch = _batch(seed=3)
-  batch["loss_mask"][[2, 7]] = 0.0  # overlong-filtered rows: no tokens, still packed
+  batch.loss_mask_BxS[[2, 7]] = 0.0  # overlong-filtered rows: no tokens, still packed
   cfg = _cfg(loss_agg=agg, micro_batch_size=micro)
   plan = _assert_packed_equals_padded(batch, cfg)
   if micro:  # short rows pack: fewer micro-batches run than the padded layout's 4
-    assert packing.num_micro(plan["pack_micro"]) < cfg.micro_batches
+    assert packing.num_micro(plan.micro_B) < cfg.micro_batches
 
 
 @pytest.mark.parametrize("mode, agg, mode_params", [
@@ -117,8 +115,8 @@ def test_packed_update_equals_padded_for_loss_modes(mode, agg, mode_params):
 def test_packed_update_with_off_policy_correction_and_entropy():
   batch = _batch(seed=5)
   rng = np.random.default_rng(0)
-  batch["behav_logp"] = batch["old_logp"] + rng.normal(0, 0.5, batch["old_logp"].shape).astype(
-      np.float32) * batch["loss_mask"]
+  batch = dataclasses.replace(batch, behav_logp_BxS=batch.old_logp_BxS + rng.normal(
+      0, 0.5, batch.old_logp_BxS.shape).astype(np.float32) * batch.loss_mask_BxS)
   cfg = _cfg(is_correction="tis_seq", is_cap=1.5, entropy_coef=0.01, kl_coef=0.1,
              micro_batch_size=2)
   _assert_packed_equals_padded(batch, cfg)
@@ -127,17 +125,16 @@ def test_packed_update_with_off_policy_correction_and_entropy():
 @pytest.mark.parametrize("impl", ["blocked", "plain"])
 def test_packed_logprob_pass_equals_padded(impl):
   tokens, attn = _rows(np.random.default_rng(6).integers(2, S + 1, 12), S)
-  batch = {"tokens": tokens, "attn_mask": attn, "loss_mask": attn * (np.arange(S)[None] > 0)}
+  loss_mask = attn * (np.arange(S)[None] > 0)
   mcfg = dataclasses.replace(CFG, attention_impl=impl, attention_chunk=4)
   graphdef, params = nnx.split(Qwen2(mcfg, rngs=nnx.Rngs(0)))
-  want, want_ent = token_logprobs(nnx.merge(graphdef, params), batch["tokens"],
-                                  batch["attn_mask"])
-  plan = packing.pack(batch["tokens"], batch["attn_mask"], micro_batches=1)
-  logp, ent = logprob_pass.logprob_fn(params, plan["pack_tokens"], plan["pack_segments"],
-                                      plan["pack_positions"], graphdef=graphdef, mesh=None,
+  want, want_ent = token_logprobs(nnx.merge(graphdef, params), tokens, attn)
+  plan = packing.pack(tokens, attn, micro_batches=1)
+  logp, ent = logprob_pass.logprob_fn(params, plan.tokens_BxS, plan.segments_BxS,
+                                      plan.positions_BxS, graphdef=graphdef, mesh=None,
                                       temperature=1.0, with_entropy=True)
-  unpack = lambda x: packing.unpack(np.asarray(x), plan, batch["attn_mask"], micro_batches=1)
-  resp = batch["loss_mask"] > 0  # every token but each sequence's first (a prompt token)
+  unpack = lambda x: packing.unpack(np.asarray(x), plan, attn, micro_batches=1)
+  resp = loss_mask > 0  # every token but each sequence's first (a prompt token)
   np.testing.assert_allclose(unpack(logp)[resp], np.asarray(want)[resp], atol=1e-5)
   np.testing.assert_allclose(unpack(ent)[resp], np.asarray(want_ent)[resp], atol=1e-5)
-  assert packing.num_micro(plan["pack_micro"]) == 1 and (plan["pack_segments"].max(1) > 1).any()
+  assert packing.num_micro(plan.micro_B) == 1 and (plan.segments_BxS.max(1) > 1).any()

@@ -102,7 +102,7 @@ def _random_pool(layers):
 @pytest.mark.parametrize("axes", [{"data": 1}, {"data": 2, "tensor": 2}])
 def test_kernel_matches_reference(cpu_devices, layers, axes):
   mesh = sharding.make_mesh(axes, cpu_devices[:int(np.prod(list(axes.values())))])
-  spec = paged.PagedSpec(page_size=8, max_len=32, kernel=True, mesh=mesh, pages_per_block=2)
+  spec = paged.PagedSpec(page_size=8, max_len=32, kernel="tpu", mesh=mesh, pages_per_block=2)
   q, kp, vp, table, pos = _random_pool(layers)
   layer = jnp.int32(layers - 1) if layers else None
   ref = paged.attend_reference(q, kp, vp, table, pos, layer, spec)
@@ -152,7 +152,7 @@ def test_bad_inputs(model):
     eng.generate_chunk(eng.params, st, stop_on_finish=False)
   spec = device_fns.paged_spec(eng.mesh, max_len=40, slots=4, page_size=8, head_dim=128)
   assert spec.pages_per_block == 1 and not spec.kernel  # CPU: the reference path
-  with pytest.raises(ValueError, match="paged_impl: the Pallas kernel needs head_dim"):
+  with pytest.raises(ValueError, match="paged_impl: the TPU kernel needs head_dim"):
     Engine(model, paged_impl="kernel", **kw)
 
 

@@ -8,17 +8,23 @@ import json
 import pytest
 
 from dapo_jax.data import readers
-from dapo_jax.rewards import math_answer
+from dapo_jax.rewards import answer_forms, math_answer
 
 VENDORED = ("aime24_qwen25math.jsonl", "aime25_areal.jsonl", "amc23_qwen25math.jsonl",
             "math500_simplerl.jsonl")
+
+
+def _as_integer(answer: str) -> str | None:
+  """The canonical integer an answer string states ('x = 016' -> '16'), else None."""
+  n = answer_forms.as_number(answer)
+  return n if n is not None and "." not in n else None
 
 
 def _failures(answers) -> list:
   """(answer, response, verdict) triples where the verifier disagrees with the expectation."""
   bad = []
   for a in answers:
-    n = math_answer.as_integer(a)
+    n = _as_integer(a)
     other = str(int(n) + 1) if n is not None else "7"
     want = [(f"Reasoning...\nAnswer: {a}", True), (f"Reasoning...\nAnswer: {other}", False)]
     if n is not None:
@@ -49,5 +55,5 @@ def test_dapo_math_17k_answers():
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   rows = pq.read_table(path, columns=["reward_model"]).column("reward_model").to_pylist()
   answers = sorted({r["ground_truth"] for r in rows})  # 2,251 distinct; judge is deterministic
-  assert len(rows) == 17917 and all(math_answer.as_integer(a) is not None for a in answers)
+  assert len(rows) == 17917 and all(_as_integer(a) is not None for a in answers)
   assert _failures(answers) == []

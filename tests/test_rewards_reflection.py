@@ -67,7 +67,8 @@ def test_groups_metrics_decodes_each_response_once():
     return [texts[r[0]] for r in rows]
 
   g = Groups(prompts=[[9], [9]], answers=["3", "2"], tokens=tokens,
-             behav_logp=np.zeros((2, 2, 2), np.float32), lengths=np.ones((2, 2), np.int32),
+             behav_logp=np.zeros((2, 2, 2), np.float32), versions=np.zeros((2, 2, 2), np.int32),
+             lengths=np.ones((2, 2), np.int32),
              truncated=np.zeros((2, 2), bool), correct=np.array([[1, 1], [0, 0]], bool),
              parsed=np.ones((2, 2), bool),
              score=np.zeros((2, 2), np.float32), reward=np.zeros((2, 2), np.float32))

@@ -110,7 +110,7 @@ def test_shipped_testbed_base_gives_each_technique_something_to_act_on():
   for name, c in (("testbed", testbed_c), ("tiny", tiny_c)):
     c.log.progress = c.log.tensorboard = False
     c.algo.dynamic_sampling = False
-    rows[name] = stats.measure(c, rounds=2)
+    rows[name] = stats.measure(c, num_rounds=2)
   t, tiny = rows["testbed"], rows["tiny"]
   assert 0.05 <= t["truncated"] <= 0.45 and tiny["truncated"] < 0.02     # overlong shaping
   assert t["entropy"] > 2 * tiny["entropy"] and t["entropy"] > 0.3       # Clip-Higher

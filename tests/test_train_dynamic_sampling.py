@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from dapo_jax.train import dynamic_sampling
-from dapo_jax.train.groups import Groups, training_arrays
+from dapo_jax.train.groups import Groups, training_batch
 
 
 def _groups(correct_NxG, lengths=None, seed=0):
@@ -16,6 +16,7 @@ def _groups(correct_NxG, lengths=None, seed=0):
   R = int(lengths.max())
   return Groups(prompts=[[1, 2 + n] for n in range(N)], answers=[str(n) for n in range(N)],
                 tokens=np.ones((N, G, R), np.int32), behav_logp=np.full((N, G, R), -0.5, np.float32),
+                versions=np.zeros((N, G, R), np.int32),
                 lengths=lengths, truncated=np.zeros((N, G), bool), correct=c,
                 parsed=np.ones((N, G), bool), score=score, reward=reward)
 
@@ -28,7 +29,7 @@ def test_uniform_groups_hit_round_cap_with_clear_error():
     return _groups(np.zeros((n, 4)) if r % 2 else np.ones((n, 4)))
 
   with pytest.raises(dynamic_sampling.DynamicSamplingError, match=r"0 mixed groups after 3 rounds"):
-    dynamic_sampling.collect(gen, batch_size=4, gen_batch_size=6, max_gen_rounds=3, dynamic=True)
+    dynamic_sampling.fill_batch(gen, batch_size=4, gen_batch_size=6, max_gen_rounds=3, dynamic=True)
   assert calls == [(0, 6), (1, 6), (2, 6)]
 
 
@@ -43,7 +44,7 @@ def test_mixed_batch_and_every_round_counted():
     rounds_made.append(c)
     return _groups(c, seed=r)
 
-  batch, summary, rounds = dynamic_sampling.collect(gen, batch_size=10, gen_batch_size=6,
+  batch, summary, rounds = dynamic_sampling.fill_batch(gen, batch_size=10, gen_batch_size=6,
                                                     max_gen_rounds=10, dynamic=True)
   assert len(batch) == 10
   n_correct = batch.correct.sum(axis=1)
@@ -61,27 +62,27 @@ def test_mixed_batch_and_every_round_counted():
 
 
 def test_without_dynamic_sampling_takes_one_round_whole():
-  batch, summary, _ = dynamic_sampling.collect(lambda r, n: _groups(np.ones((n, 4))),
+  batch, summary, _ = dynamic_sampling.fill_batch(lambda r, n: _groups(np.ones((n, 4))),
                                                batch_size=5, gen_batch_size=99,
                                                max_gen_rounds=1, dynamic=False)
   assert len(batch) == 5 and summary["gen_rounds"] == 1 and summary["frac_groups_acc_1"] == 1.0
 
 
-def test_training_arrays_layout():
+def test_training_batch_layout():
   g = _groups([[True, False]], lengths=[[2, 3]])
   g.truncated[0, 1] = True
-  arr, resp = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=True)
+  mb, resp = training_batch(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=True)
   np.testing.assert_array_equal(resp[1], [0, 0, 1, 1, 1, 0])  # response, filtered or not
-  np.testing.assert_array_equal(arr["tokens"][0], [1, 2, 1, 1, 0, 0])
-  np.testing.assert_array_equal(arr["attn_mask"][1], [1, 1, 1, 1, 1, 0])
-  np.testing.assert_array_equal(arr["loss_mask"][0], [0, 0, 1, 1, 0, 0])
-  np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 0, 0, 0, 0])  # truncated: filtered
-  np.testing.assert_allclose(arr["old_logp"][0], [0, 0, -0.5, -0.5, 0, 0])
-  np.testing.assert_allclose(arr["adv"], [0.7, -0.7])
-  arr, _ = training_arrays(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=False)
-  np.testing.assert_array_equal(arr["loss_mask"][1], [0, 0, 1, 1, 1, 0])
+  np.testing.assert_array_equal(mb.tokens_BxS[0], [1, 2, 1, 1, 0, 0])
+  np.testing.assert_array_equal(mb.attn_mask_BxS[1], [1, 1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(mb.loss_mask_BxS[0], [0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(mb.loss_mask_BxS[1], [0, 0, 0, 0, 0, 0])  # truncated: filtered
+  np.testing.assert_allclose(mb.behav_logp_BxS[0], [0, 0, -0.5, -0.5, 0, 0])
+  np.testing.assert_allclose(mb.adv_B, [0.7, -0.7])
+  mb, _ = training_batch(g, np.array([[0.7, -0.7]]), seq_len=6, overlong_filter=False)
+  np.testing.assert_array_equal(mb.loss_mask_BxS[1], [0, 0, 1, 1, 1, 0])
   with pytest.raises(ValueError, match="exceed seq_len"):
-    training_arrays(g, np.zeros((1, 2)), seq_len=4, overlong_filter=False)
+    training_batch(g, np.zeros((1, 2)), seq_len=4, overlong_filter=False)
 
 
 @pytest.mark.parametrize("batch_size,rounds", [(3, 1), (4, 2), (6, 2), (7, 3)])
@@ -95,7 +96,7 @@ def test_generation_stops_at_the_round_that_fills_the_batch(batch_size, rounds):
     c[:3, 0] = True  # groups 0-2 mixed, 3-5 all wrong
     return _groups(c)
 
-  batch, summary, per_round = dynamic_sampling.collect(
+  batch, summary, per_round = dynamic_sampling.fill_batch(
       gen, batch_size=batch_size, gen_batch_size=6, max_gen_rounds=10, dynamic=True)
   assert calls == list(range(rounds))
   assert summary["gen_rounds"] == rounds == len(per_round)
@@ -113,7 +114,7 @@ def test_generation_cost_accounting_hand_computed():
     lengths[-1] = 3
     return _groups(c, lengths=lengths)
 
-  _, s, _ = dynamic_sampling.collect(gen, batch_size=3, gen_batch_size=4, max_gen_rounds=5,
+  _, s, _ = dynamic_sampling.fill_batch(gen, batch_size=3, gen_batch_size=4, max_gen_rounds=5,
                                      dynamic=True)
   gen_tokens = 2 * (3 * 2 * 2 + 2 * 3)
   assert s["gen_rounds"] == 2 and s["gen_tokens"] == gen_tokens == 36
@@ -124,14 +125,14 @@ def test_generation_cost_accounting_hand_computed():
 
 def test_generation_cost_of_a_single_kept_group():
   c = np.array([[True, False], [True, True]])  # one mixed group, one uniform
-  _, s, _ = dynamic_sampling.collect(lambda r, n: _groups(c), batch_size=1, gen_batch_size=2,
+  _, s, _ = dynamic_sampling.fill_batch(lambda r, n: _groups(c), batch_size=1, gen_batch_size=2,
                                      max_gen_rounds=1, dynamic=True)
   assert s["gen_tokens_per_kept_group"] == s["gen_tokens"] == 2 * 2 * 3
 
 
 def test_generation_cost_without_dynamic_sampling_counts_only_mixed_groups():
   c = np.array([[True, False], [True, True], [False, False], [False, True]])
-  _, s, _ = dynamic_sampling.collect(lambda r, n: _groups(c), batch_size=4, gen_batch_size=9,
+  _, s, _ = dynamic_sampling.fill_batch(lambda r, n: _groups(c), batch_size=4, gen_batch_size=9,
                                      max_gen_rounds=1, dynamic=False)
   assert s["gen_tokens_per_kept_group"] == pytest.approx(8 * 3 / 2)  # 2 mixed of 4
   assert s["gen_groups_discarded_frac"] == 0.0 and s["gen_tokens_discarded_frac"] == 0.0
@@ -148,7 +149,7 @@ def test_format_rate_over_every_round():
     g.parsed = parsed_by_round[r]
     return g
 
-  _, summary, rounds = dynamic_sampling.collect(gen, batch_size=2, gen_batch_size=2,
+  _, summary, rounds = dynamic_sampling.fill_batch(gen, batch_size=2, gen_batch_size=2,
                                                 max_gen_rounds=3, dynamic=True)
   assert [x["format_rate"] for x in rounds] == [5 / 8, 2 / 8]
   assert summary["gen_format_rate"] == pytest.approx(7 / 16)  # all 16 responses, both rounds

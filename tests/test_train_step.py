@@ -1,4 +1,5 @@
 """train_step: exact micro-batch accumulation, mesh == no mesh, NaN skipping, lr, golden metrics."""
+import dataclasses
 import functools
 import importlib
 
@@ -13,8 +14,8 @@ from dapo_jax import sharding
 from dapo_jax.core import losses
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
-from dapo_jax.train import train_step as train_step_lib
-from dapo_jax.train.train_step import train_step
+from dapo_jax.train.objective import logprobs
+from dapo_jax.train.train_step import MiniBatch, train_step
 from tests import reference_impl
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
@@ -46,9 +47,13 @@ def _batch(B=16, seed=0):
   attn = (pos < (P_len + lengths)[:, None]).astype(np.float32)
   loss_mask = ((pos >= P_len) & (pos < (P_len + lengths)[:, None])).astype(np.float32)
   old = (rng.normal(-3.5, 0.3, (B, S)) * loss_mask).astype(np.float32)
-  return {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old,
-          "adv": rng.normal(size=(B,)).astype(np.float32),
-          "ref_logp": (rng.normal(-3.5, 0.3, (B, S)) * loss_mask).astype(np.float32)}
+  return MiniBatch(tokens_BxS=tokens, attn_mask_BxS=attn, loss_mask_BxS=loss_mask,
+                   old_logp_BxS=old, adv_B=rng.normal(size=(B,)).astype(np.float32),
+                   ref_logp_BxS=(rng.normal(-3.5, 0.3, (B, S)) * loss_mask).astype(np.float32))
+
+
+def _with(batch, **fields):
+  return dataclasses.replace(batch, **fields)
 
 
 def _setup(seed=0, cfg=None):
@@ -71,9 +76,9 @@ def _close(a, b, tol):
 
 def _assert_same_update(batch, cfg_full, cfg_micro, tol=2e-6):
   graphdef, state, opt = _setup(cfg=cfg_full)
-  full, m_full = _step(graphdef, opt, cfg_full)(state, batch)
+  full, m_full, _ = _step(graphdef, opt, cfg_full)(state, batch)
   graphdef, state, opt = _setup(cfg=cfg_micro)
-  acc, m_acc = _step(graphdef, opt, cfg_micro)(state, batch)
+  acc, m_acc, _ = _step(graphdef, opt, cfg_micro)(state, batch)
   _close(full.params, acc.params, tol)
   for k in ("loss", "grad_norm", "clipfrac", "approx_kl", "ratio_mean", "ratio_max",
             "selected_frac", "upclip_prob_mean"):
@@ -84,7 +89,7 @@ def _assert_same_update(batch, cfg_full, cfg_micro, tol=2e-6):
 @pytest.mark.parametrize("agg", losses.AGG_MODES)
 def test_microbatch_accumulation_equals_full_batch(agg):
   batch = _batch()
-  batch["loss_mask"][[3, 9]] = 0.0  # fully masked rows: they must not count as sequences
+  batch.loss_mask_BxS[[3, 9]] = 0.0  # fully masked rows: they must not count as sequences
   _assert_same_update(batch, _cfg(loss_agg=agg), _cfg(loss_agg=agg, micro_batch_size=4))
 
 
@@ -106,8 +111,8 @@ def test_microbatch_equals_full_batch_for_loss_modes(mode, agg):
 def test_strided_microbatches_and_off_policy_correction():
   batch = _batch(seed=5)
   rng = np.random.default_rng(0)
-  batch["behav_logp"] = batch["old_logp"] + rng.normal(0, 0.5, batch["old_logp"].shape).astype(
-      np.float32) * batch["loss_mask"]
+  batch = _with(batch, behav_logp_BxS=batch.old_logp_BxS + rng.normal(
+      0, 0.5, batch.old_logp_BxS.shape).astype(np.float32) * batch.loss_mask_BxS)
   for kind in ("tis_token", "mask_seq"):
     kw = dict(is_correction=kind, is_cap=1.5)
     m = _assert_same_update(batch, _cfg(**kw), _cfg(micro_batch_size=2, **kw))
@@ -115,8 +120,7 @@ def test_strided_microbatches_and_off_policy_correction():
     assert float(m["is_logp_diff_abs_mean"]) > 0.1
   with pytest.raises(ValueError, match="behav_logp"):
     graphdef, state, opt = _setup()
-    del batch["behav_logp"]
-    _step(graphdef, opt, _cfg(is_correction="tis_seq"))(state, batch)
+    _step(graphdef, opt, _cfg(is_correction="tis_seq"))(state, _with(batch, behav_logp_BxS=None))
 
 
 @pytest.mark.parametrize("mode, micro", [("dapo", None), ("dapo", 4), ("gspo", 4)])
@@ -126,29 +130,29 @@ def test_on_policy_minibatch_equals_old_logprobs_from_a_separate_pass(mode, micr
   cfg = _cfg(loss_mode=mode, micro_batch_size=micro)
   batch = _batch(seed=6)
   graphdef, state, opt = _setup(cfg=cfg)
-  logp, ent = train_step_lib.logprobs(graphdef, state.params, batch["tokens"],
-                                      batch["attn_mask"])
-  given = dict(batch, old_logp=np.asarray(logp) * batch["loss_mask"])
-  want, m_want = _step(graphdef, opt, cfg)(state, given)
+  logp, ent = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS)
+  given = _with(batch, old_logp_BxS=np.asarray(logp) * batch.loss_mask_BxS)
+  want, m_want, tok_want = _step(graphdef, opt, cfg)(state, given)
   graphdef, state, opt = _setup(cfg=cfg)
-  own = {k: v for k, v in batch.items() if k != "old_logp"}
-  got, m_got = _step(graphdef, opt, cfg)(state, own)
+  own = _with(batch, old_logp_BxS=None)
+  assert own.on_policy and not given.on_policy
+  got, m_got, tok = _step(graphdef, opt, cfg)(state, own)
   _close(want.params, got.params, 2e-6)
   for k in ("loss", "grad_norm", "clipfrac", "ratio_mean", "ratio_max"):
     assert float(m_got[k]) == pytest.approx(float(m_want[k]), rel=1e-5, abs=1e-7), k
   assert float(m_got["ratio_max"]) == 1.0 and float(m_got["clipfrac"]) == 0.0
-  assert "token_logp" not in m_want
-  real = batch["attn_mask"] > 0
+  assert tok_want is None
+  real = batch.attn_mask_BxS > 0
   real[:, 0] = False  # the first token has no log-prob
-  np.testing.assert_allclose(np.asarray(m_got["token_logp"])[real], np.asarray(logp)[real],
+  np.testing.assert_allclose(np.asarray(tok.logp_BxS)[real], np.asarray(logp)[real],
                              rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(m_got["token_entropy"])[real], np.asarray(ent)[real],
+  np.testing.assert_allclose(np.asarray(tok.entropy_BxS)[real], np.asarray(ent)[real],
                              rtol=1e-5, atol=1e-6)
-  assert not np.asarray(m_got["token_logp"])[~batch["attn_mask"].astype(bool)].any()
+  assert not np.asarray(tok.logp_BxS)[~batch.attn_mask_BxS.astype(bool)].any()
 
 
 def test_on_policy_minibatch_refuses_what_needs_old_logprobs_first():
-  own = {k: v for k, v in _batch().items() if k != "old_logp"}
+  own = _with(_batch(), old_logp_BxS=None)
   graphdef, state, opt = _setup()
   with pytest.raises(ValueError, match="is_correction"):
     _step(graphdef, opt, _cfg(is_correction="tis_token"))(state, own)
@@ -177,7 +181,7 @@ def test_lr_metric_is_the_rate_this_update_used():
   step = _step(graphdef, opt, _cfg())
   lrs, moved = [], []
   for i in range(3):
-    new, m = step(state, _batch(seed=i))
+    new, m, _ = step(state, _batch(seed=i))
     delta = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
         jax.tree.leaves(new.params), jax.tree.leaves(state.params)))
     lrs.append(float(m["lr"]))
@@ -192,14 +196,14 @@ def test_lr_metric_is_the_rate_this_update_used():
 def test_mesh_equals_no_mesh(cpu_devices):
   graphdef, state, opt = _setup()
   batch = _batch()
-  want, m_want = _step(graphdef, opt, _cfg())(state, batch)
+  want, m_want, _ = _step(graphdef, opt, _cfg())(state, batch)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   model = nnx.merge(graphdef, state.params)
   shardings = sharding.model_shardings(model, mesh)
   graphdef, state, opt = _setup()
   state = state.replace(params=jax.device_put(state.params, shardings))
   dsh = sharding.data_sharding(mesh)
-  got, m_got = _step(graphdef, opt, _cfg())(state, jax.device_put(batch, dsh))
+  got, m_got, _ = _step(graphdef, opt, _cfg())(state, jax.device_put(batch, dsh))
   assert len(got.params["embed"].get_value().sharding.device_set) == 8
   _close(want.params, got.params, 2e-5)
   assert float(m_want["loss"]) == pytest.approx(float(m_got["loss"]), rel=1e-5)
@@ -208,12 +212,12 @@ def test_mesh_equals_no_mesh(cpu_devices):
 def test_nan_skips_update_and_is_counted():
   graphdef, state, opt = _setup()
   batch = _batch()
-  batch["adv"] = batch["adv"].copy()
-  batch["adv"][0] = np.nan
-  new, m = _step(graphdef, opt, _cfg())(state, batch)
+  adv = batch.adv_B.copy()
+  adv[0] = np.nan
+  new, m, _ = _step(graphdef, opt, _cfg())(state, _with(batch, adv_B=adv))
   assert float(m["skipped"]) == 1.0 and int(new.updates) == 0
   _close(new.params, state.params, 0)
-  _, m_ok = _step(graphdef, opt, _cfg())(state, _batch())
+  _, m_ok, _ = _step(graphdef, opt, _cfg())(state, _batch())
   assert float(m_ok["skipped"]) == 0.0
 
 
@@ -224,7 +228,7 @@ def test_corrupt_optimizer_state_cannot_write_nan_weights():
   poisoned = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan)
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, state.opt_state)
   state = type(state)(updates=state.updates, params=state.params, opt_state=poisoned)
-  new, m = _step(graphdef, opt, _cfg())(state, _batch())
+  new, m, _ = _step(graphdef, opt, _cfg())(state, _batch())
   assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"]))
   assert float(m["skipped"]) == 1.0 and int(new.updates) == 0
   _close(new.params, state.params, 0)
@@ -245,10 +249,9 @@ def test_kl_and_entropy_terms_change_the_loss_only_when_on():
 
 def test_without_kl_no_reference_logprobs_are_needed():
   graphdef, state, opt = _setup()
-  batch = _batch()
-  del batch["ref_logp"]
-  _step(graphdef, opt, _cfg())(state, batch)  # would KeyError if the KL path were traced
-  with pytest.raises(KeyError):
+  batch = _with(_batch(), ref_logp_BxS=None)
+  _step(graphdef, opt, _cfg())(state, batch)  # would raise if the KL path were traced
+  with pytest.raises(ValueError, match="kl_coef=0.1 needs the reference"):
     _step(graphdef, opt, _cfg(kl_coef=0.1))(state, batch)
 
 
@@ -264,16 +267,16 @@ def test_first_step_loss_equals_the_numpy_oracle():
   compute_policy_loss + agg_loss) from the model's own log-probs at the initial params."""
   graphdef, state, opt = _setup(seed=0)
   batch = _batch(seed=0)
-  logp, _ = train_step_lib.logprobs(graphdef, state.params, batch["tokens"], batch["attn_mask"],
-                                    with_entropy=False)
+  logp, _ = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS,
+                     with_entropy=False)
   logp = np.asarray(logp, np.float64)
-  mask = batch["loss_mask"].astype(np.float64)
-  adv_BxT = np.broadcast_to(batch["adv"][:, None], logp.shape).astype(np.float64)
-  mat = reference_impl.policy_loss_matrix(logp, batch["old_logp"], adv_BxT, 0.2, 0.28, 10.0)
+  mask = batch.loss_mask_BxS.astype(np.float64)
+  adv_BxT = np.broadcast_to(batch.adv_B[:, None], logp.shape).astype(np.float64)
+  mat = reference_impl.policy_loss_matrix(logp, batch.old_logp_BxS, adv_BxT, 0.2, 0.28, 10.0)
   want = reference_impl.agg_loss(mat, mask, "token-mean")
-  ratio = np.exp(np.clip(logp - batch["old_logp"], -20, 20))
+  ratio = np.exp(np.clip(logp - batch.old_logp_BxS, -20, 20))
   clipped = (-adv_BxT * np.clip(ratio, 0.8, 1.28)) > (-adv_BxT * ratio)
-  _, m = _step(graphdef, opt, _cfg())(state, batch)
+  _, m, _ = _step(graphdef, opt, _cfg())(state, batch)
   assert float(m["loss"]) == pytest.approx(want, rel=1e-5, abs=1e-6)
   assert float(m["clipfrac"]) == pytest.approx((clipped * mask).sum() / mask.sum(), abs=1e-6)
 
@@ -289,7 +292,7 @@ def test_golden_metrics_two_steps():
   step = _step(graphdef, opt, _cfg())
   got = []
   for i in range(2):
-    state, m = step(state, _batch(seed=i))
+    state, m, _ = step(state, _batch(seed=i))
     got.append((float(m["loss"]), float(m["grad_norm"]), float(m["clipfrac"])))
   print(got)
   np.testing.assert_allclose(got, GOLDEN, rtol=1e-4, atol=1e-6)

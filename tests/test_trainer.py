@@ -1,4 +1,5 @@
 """End-to-end trainer on a tiny model: the loop runs, resumes bitwise, and guards its inputs."""
+import dataclasses
 import hashlib
 import json
 import os
@@ -117,14 +118,13 @@ def test_bad_configs_fail_before_compilation(tmp_path):
 
 
 def test_nan_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
-  real = trainer.groups_lib.training_arrays
+  real = trainer.groups_lib.training_batch
 
   def poisoned(*a, **kw):
     out, resp = real(*a, **kw)
-    out["adv"] = np.full_like(out["adv"], np.nan)
-    return out, resp
+    return dataclasses.replace(out, adv_B=np.full_like(out.adv_B, np.nan)), resp
 
-  monkeypatch.setattr(trainer.groups_lib, "training_arrays", poisoned)
+  monkeypatch.setattr(trainer.groups_lib, "training_batch", poisoned)
   cfg = tiny_config(**{"train.num_steps": 5, "train.max_bad_steps": 2})
   run = trainer.build(cfg, str(tmp_path), resume=False)
   before = jax.tree.map(np.asarray, nnx.to_pure_dict(run.state.params))
@@ -143,7 +143,7 @@ FLIP = {"optim.lr": 3e-2, "optim.warmup_steps": 0, "algo.max_gen_rounds": 8,
 
 def _one_step(c, workdir):
   run = trainer.build(config_lib.parse(c), str(workdir), resume=False)
-  return trainer.rollout_step(run, trainer._jitted_train_step(run))  # pylint: disable=protected-access
+  return trainer.rollout_step(run, trainer.jitted_update(run))
 
 
 def test_each_ladder_switch_changes_the_run(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from dapo_jax import rewards
 from dapo_jax.core import overlong
 from dapo_jax.rewards import reflection
-from dapo_jax.train import prefilter, recovery, trainer
+from dapo_jax.train import prefilter, recovery, rounds, trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
 
@@ -60,7 +60,7 @@ def test_prefilter_drops_recorded_prompts_and_records_survive_a_restart(tmp_path
   run.data.restore(state)
   skip = [prefilter.prompt_key(p) for p in upcoming[1::2]]
   run.prefilter.records = {k: prefilter.Record(1, 4.0, 4.0, 0) for k in skip}
-  g = trainer._generate_round(run, 0, len(upcoming))  # pylint: disable=protected-access
+  g = rounds.generate_round(run, 0, len(upcoming))
   assert g.prompts == upcoming[0::2]
   assert all(run.prefilter.records[prefilter.prompt_key(p)].seen == 1 for p in g.prompts)
   assert all(run.prefilter.records[k] == prefilter.Record(1, 4.0, 4.0, 0) for k in skip)

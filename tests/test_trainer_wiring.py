@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from dapo_jax.train import groups as groups_lib
-from dapo_jax.train import trainer
+from dapo_jax.train import train_step, trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
 # A learning rate at which one update visibly moves the weights and the sampled tokens.
@@ -38,7 +38,7 @@ def _fake_rollout(lengths_NxG, max_len):
   return types.SimpleNamespace(
       tokens=np.full((N, G, max_len), 5, np.int32), lengths=lengths_NxG,
       logprobs=np.full((N, G, max_len), -0.5, np.float32),
-      truncated=lengths_NxG >= max_len)
+      versions=np.zeros((N, G, max_len), np.int32), truncated=lengths_NxG >= max_len)
 
 
 def test_score_rollout_applies_eq13_before_on_and_beyond_the_ramp():
@@ -65,10 +65,11 @@ def test_score_rollout_fixes_the_group_dtypes():
   handed over (the widths the Groups fields are declared with)."""
   r = _fake_rollout(np.array([[3, 5]], np.int64), 6)
   r.tokens, r.logprobs = r.tokens.astype(np.int64), r.logprobs.astype(np.float64)
+  r.versions = r.versions.astype(np.int64)
   g = groups_lib.score_rollout(r, [[1]], ["1"], decode=lambda toks: ["x"] * len(toks),
                                reward_fn=_always_right, overlong_penalty=True, max_len=6,
                                cache_len=2, factor=1.0)
-  assert (g.tokens.dtype, g.lengths.dtype) == (np.int32, np.int32)
+  assert (g.tokens.dtype, g.lengths.dtype, g.versions.dtype) == (np.int32,) * 3
   assert (g.behav_logp.dtype, g.reward.dtype) == (np.float32, np.float32)
 
 
@@ -79,7 +80,8 @@ def _batch(run, reward_NxG, score_NxG, lengths_NxG, truncated_NxG):
   return groups_lib.Groups(
       prompts=[[1, 4 + n, 9] for n in range(N)], answers=[str(n) for n in range(N)],
       tokens=rng.integers(4, 30, (N, G, R)).astype(np.int32),
-      behav_logp=np.full((N, G, R), -1.0, np.float32), lengths=lengths_NxG.astype(np.int32),
+      behav_logp=np.full((N, G, R), -1.0, np.float32), versions=np.zeros((N, G, R), np.int32),
+      lengths=lengths_NxG.astype(np.int32),
       truncated=truncated_NxG, correct=score_NxG > 0, parsed=np.ones((N, G), bool),
       score=score_NxG.astype(np.float32),
       reward=reward_NxG.astype(np.float32))
@@ -98,13 +100,13 @@ def test_prepare_feeds_group_advantages_of_the_shaped_reward(tmp_path):
   prep = trainer.prepare(run, _batch(run, reward, score, lengths, truncated))
   want = (reward - reward.mean(1, keepdims=True)) / (reward.std(1, ddof=1, keepdims=True)
                                                      + cfg.algo.adv_eps)
-  np.testing.assert_allclose(prep.arrays["adv"], want.reshape(-1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(prep.batch.adv_B, want.reshape(-1), rtol=1e-5, atol=1e-6)
   from_score = (score - score.mean(1, keepdims=True)) / (score.std(1, ddof=1, keepdims=True)
                                                          + cfg.algo.adv_eps)
-  assert not np.allclose(prep.arrays["adv"], from_score.reshape(-1), atol=1e-3)
+  assert not np.allclose(prep.batch.adv_B, from_score.reshape(-1), atol=1e-3)
   # Overlong filtering: a truncated response has response tokens but no loss tokens.
   resp_B = prep.resp_mask_BxS.sum(1)
-  loss_B = prep.arrays["loss_mask"].sum(1)
+  loss_B = prep.batch.loss_mask_BxS.sum(1)
   np.testing.assert_array_equal(resp_B, lengths.reshape(-1))
   np.testing.assert_array_equal(loss_B, np.where(truncated.reshape(-1), 0, lengths.reshape(-1)))
 
@@ -117,7 +119,7 @@ def test_rollout_step_syncs_the_trained_weights_into_the_sampler(tmp_path):
   run = trainer.build(tiny_config(**FAST), str(tmp_path), resume=False)
   initial = _pure(run.state.params)
   np.testing.assert_equal(_pure(run.sampler.engine.params), initial)
-  trainer.rollout_step(run, trainer._jitted_train_step(run))  # pylint: disable=protected-access
+  trainer.rollout_step(run, trainer.jitted_update(run))
   trained = _pure(run.state.params)
   sampled_from = _pure(run.sampler.engine.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0), sampled_from,
@@ -131,7 +133,7 @@ def test_rollouts_depend_on_the_weights_at_the_test_learning_rate(tmp_path):
   """The premise of the resume/multi-host equality tests: at FAST's lr, a sampler that missed
   the sync would sample other tokens, so those tests can see a missing sync."""
   run = trainer.build(tiny_config(**FAST), str(tmp_path), resume=False)
-  step_fn = trainer._jitted_train_step(run)  # pylint: disable=protected-access
+  step_fn = trainer.jitted_update(run)
   prompts = [[1, 5, 9, 3]] * 2
   kw = dict(group_size=4, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, seed=7,
             eos_ids=run.task.eos_ids)
@@ -169,7 +171,7 @@ def test_off_policy_correction_reads_the_samplers_log_probs(tmp_path):
   behav_logp (the recomputed ones become old_logp): the mismatch metric is then measured."""
   run = trainer.build(tiny_config(**{"algo.is_correction": "tis_token"}), str(tmp_path),
                       resume=False)
-  m = trainer.rollout_step(run, trainer._jitted_train_step(run))  # pylint: disable=protected-access
+  m = trainer.rollout_step(run, trainer.jitted_update(run))
   # Sampler and trainer run the same f32 weights: log-probs agree to round-off, not exactly.
   assert 0.0 <= m["is_logp_diff_abs_mean"] < 1e-3
   assert "is_corrected_frac" in m
@@ -179,22 +181,22 @@ def test_one_update_per_step_takes_old_logprobs_from_its_own_forward(tmp_path):
   """train.num_minibatches = 1: prepare runs no log-prob pass, and the update (with its entropy
   and token-probability metrics) equals the one fed by the separate pass."""
   cfg = tiny_config(**{"train.num_minibatches": 1})
-  assert trainer.on_policy_update(cfg)
-  assert not trainer.on_policy_update(tiny_config())  # 2+ updates: later ones are off-policy
+  assert train_step.on_policy_update(cfg)
+  assert not train_step.on_policy_update(tiny_config())  # 2+ updates: later ones are off-policy
   run = trainer.build(cfg, str(tmp_path), resume=False)
   batch, _ = trainer.collect(run)
   fused, separate = trainer.prepare(run, batch), trainer.prepare(run, batch, separate_pass=True)
-  assert fused.logp_BxS is None and "old_logp" not in fused.arrays
-  step_fn = trainer._jitted_train_step(run)  # pylint: disable=protected-access
+  assert fused.logp_BxS is None and fused.batch.on_policy and not separate.batch.on_policy
+  step_fn = trainer.jitted_update(run)
   start = jax.tree.map(np.copy, jax.device_get(run.state))
-  (m_sep,) = jax.device_get(trainer.update(run, step_fn, separate.arrays))
+  (m_sep,), (no_tokens,) = jax.device_get(trainer.update(run, step_fn, separate.batch))
+  assert no_tokens is None
   params_sep = _pure(run.state.params)
   run.state = jax.device_put(start, jax.tree.map(lambda x: x.sharding, run.state))
-  (m_fused,) = jax.device_get(trainer.update(run, step_fn, fused.arrays))
+  (m_fused,), (tokens,) = jax.device_get(trainer.update(run, step_fn, fused.batch))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                _pure(run.state.params), params_sep)
   np.testing.assert_allclose(m_fused["loss"], m_sep["loss"], rtol=1e-5, atol=1e-7)
   resp = separate.resp_mask_BxS > 0
-  np.testing.assert_allclose(m_fused["token_logp"][resp], separate.logp_BxS[resp], atol=1e-5)
-  np.testing.assert_allclose(m_fused["token_entropy"][resp], separate.entropy_BxS[resp],
-                             atol=1e-5)
+  np.testing.assert_allclose(tokens.logp_BxS[resp], separate.logp_BxS[resp], atol=1e-5)
+  np.testing.assert_allclose(tokens.entropy_BxS[resp], separate.entropy_BxS[resp], atol=1e-5)

@@ -9,9 +9,10 @@ they tokenize back to exactly `prompt_len` ids), `--group` samples each, exactly
 per sample (`min_new_tokens`), reward +1 if token id 7 appears in the completion else -1, eps
 0.2 / 0.28, no KL (beta 0), one update on all sequences (per-device batch = prompts x group, the
 issue's setting; `--micro_batch=M` accumulates it over slices of M instead), lr 1e-6, fp32, no
-vLLM, CPU. F holds {"step_s": median of steps 2.., "phases": {"generate", "rest"}}: `generate`
-is the time inside the model's `generate`, `rest` the step's remainder (reward, log-probs, the
-update; TRL's policy is its own model, so there is no weight sync).
+vLLM, CPU (`--device=cuda`: the GPU, with the allocator's peak as `peak_bytes`). F holds
+{"step_s": median of steps 2.., "phases": {"generate", "rest"}}: `generate` is the time inside
+the model's `generate`, `rest` the step's remainder (reward, log-probs, the update; TRL's
+policy is its own model, so there is no weight sync).
 """
 import argparse
 import os
@@ -68,7 +69,7 @@ def grpo_config(args, rows: int):
       max_completion_length=args.new, generation_kwargs={"min_new_tokens": args.new},
       per_device_train_batch_size=args.micro_batch,
       gradient_accumulation_steps=rows // args.micro_batch,
-      bf16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
+      bf16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=args.device == "cpu",
       learning_rate=1e-6, max_steps=args.steps, logging_steps=1, save_strategy="no",
       report_to="none", shuffle_dataset=False, temperature=1.0, top_p=1.0, top_k=0)
 
@@ -79,6 +80,7 @@ def main():
   for name, default in (("prompts", 16), ("group", 16), ("prompt_len", 64), ("new", 128),
                         ("steps", 4), ("micro_batch", 0)):
     ap.add_argument(f"--{name}", type=int, default=default)
+  ap.add_argument("--device", default="cpu", help="cpu, or cuda (the Trainer's GPU)")
   ap.add_argument("--json")
   args = ap.parse_args()
   rows = args.prompts * args.group
@@ -119,7 +121,8 @@ def main():
       threads=torch.get_num_threads(), versions={"trl": trl.__version__,
                                                  "torch": torch.__version__,
                                                  "transformers": transformers.__version__},
-      loadavg_before=load0, loadavg_after=common.loadavg(), setting=vars(args)))
+      loadavg_before=load0, loadavg_after=common.loadavg(), setting=vars(args),
+      peak_bytes=torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else None))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ def check(cfg, topology_name: str, *, steps_per_call: int = 16, only=()) -> dict
     print(f"[aot] {job.name}: {rows[-1]['status']} in {rows[-1]['compile_s']:.0f}s, peak "
           f"{rows[-1]['peak_bytes'] / 2**30:.2f} GiB per chip", flush=True)
   summary = report.summarize(rows, plan.buffers, sl.hbm_bytes)
+  if plan.info["placement"] == "split":  # each role's chips: their own functions and buffers
+    sides = {side: report.summarize([r for r, j in zip(rows, plan.jobs) if j.side == side],
+                                    plan.buffers, sl.hbm_bytes)
+             for side in sorted({j.side for j in plan.jobs})}
+    summary = dict(summary, sides=sides, fits=all(s["fits"] for s in sides.values()))
   kernels = sorted({k for r in rows for k in r.get("kernels", ())})
   return {"topology": sl.name, "chips": sl.chips, "hosts": sl.hosts, **summary, "kernels": kernels,
           "partial": len(plan.jobs) < len(names),

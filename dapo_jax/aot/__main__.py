@@ -30,6 +30,9 @@ def main(argv):
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
+  if out["placement"] == "split":
+    print(f"[aot] split placement: {out['trainer_chips']} trainer chips, "
+          f"{out['sampler_chips']} sampler chips")
   print(f"[aot] {out['topology']}: {out['chips']} chips, {out['hosts']} hosts; model "
         f"{out['num_params'] / 1e9:.2f} B params ({out['model_source']}); trainer mesh "
         f"{out['trainer_mesh']}, sampler per host {out['sampler_mesh_per_host']} with "

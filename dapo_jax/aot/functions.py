@@ -16,10 +16,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dapo_jax import sharding
 from dapo_jax.aot import shapes
 from dapo_jax.config import Config
-from dapo_jax.rollout import budget, device_fns, sampling, state as rstate
-from dapo_jax.train import setup
-from dapo_jax.train import logprob_pass, packing
-from dapo_jax.train.train_step import train_step
+from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
+from dapo_jax.train import logprob_pass, placement, setup
+from dapo_jax.train import train_step as train_step_lib
 
 
 @dataclasses.dataclass
@@ -28,6 +27,16 @@ class Job:
   fn: object                 # a jax.jit-wrapped function
   args: tuple                # abstract arguments (ShapeDtypeStructs with shardings)
   resident: tuple            # names of the Plan.buffers alive in HBM beside this call
+
+  @property
+  def side(self) -> str:
+    """The role whose chips run it (they differ under rollout.placement='split')."""
+    return "sampler" if self.name.startswith("sampler_") else "trainer"
+
+
+# Which role's chips hold each long-lived buffer.
+BUFFER_SIDE = {"train_state": "trainer", "opt_state": "trainer", "ref_params": "trainer",
+               "sampler_params": "sampler", "decode_state": "sampler", "prefix": "sampler"}
 
 
 @dataclasses.dataclass
@@ -39,48 +48,25 @@ class Plan:
 
 
 def _rows(cfg: Config) -> int:
-  return cfg.train.micro_batch_size or cfg.minibatch_prompts * cfg.rollout.group_size
-
-
-def check_splits(cfg: Config, mesh, hosts: int):
-  """The batch checks of setup.check_batch_fits_mesh, for the slice's mesh and host count."""
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  seqs = cfg.minibatch_prompts * cfg.rollout.group_size
-  for what, n in (("train.micro_batch_size", _rows(cfg)), ("train.batch_size", seqs)):
-    if n % shards:
-      raise ValueError(f"config.{what}: {n} sequences per (micro-)batch do not split over "
-                       f"{shards} data-parallel shards (mesh data x fsdp = {dict(mesh.shape)})")
-  a = cfg.algo
-  round_prompts = a.gen_batch_size if a.dynamic_sampling else cfg.train.batch_size
-  if round_prompts % hosts:
-    raise ValueError(f"config.algo.gen_batch_size: {round_prompts} prompts per round do not "
-                     f"split over the slice's {hosts} hosts")
+  """Rows of one log-prob call: a micro-batch."""
+  return cfg.minibatch_seqs // cfg.micro_batches
 
 
 def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
-  """train_step (one mini-batch update) and the log-prob pass, as trainer.py jits them."""
+  """train_step (one mini-batch update) and the log-prob pass, as the trainer jits them: the
+  same jit (train_step.jit_train_step) on the same abstract MiniBatch prepare builds."""
   model = shapes.abstract_model(mcfg, mesh)
   optimizer, init, state = shapes.train_state(cfg, model, mesh)
   dsh = sharding.data_sharding(mesh)
-  rep = NamedSharding(mesh, P())
-  seqs, rows, t = cfg.minibatch_prompts * cfg.rollout.group_size, _rows(cfg), cfg.seq_len
+  rows, t = _rows(cfg), cfg.seq_len
 
   def arr(n, dtype, *shape):
     return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=dsh)
 
-  minibatch = {"tokens": arr(seqs, jnp.int32, t), "attn_mask": arr(seqs, jnp.float32, t),
-               "loss_mask": arr(seqs, jnp.float32, t), "old_logp": arr(seqs, jnp.float32, t),
-               "adv": arr(seqs, jnp.float32), "pack_micro": arr(seqs, jnp.int32),
-               **{k: arr(seqs, jnp.int32, t) for k in packing.KEYS[:4]}}
-  if cfg.algo.kl_coef > 0:
-    minibatch["ref_logp"] = arr(seqs, jnp.float32, t)
-  if cfg.algo.is_correction != "none":
-    minibatch["behav_logp"] = arr(seqs, jnp.float32, t)
-  state_sh = jax.tree.map(lambda x: x.sharding, state)
-  step = jax.jit(functools.partial(train_step, graphdef=model.graphdef, optimizer=optimizer,
-                                   cfg=cfg, mesh=mesh),
-                 in_shardings=(state_sh, dsh), out_shardings=(state_sh, rep),
-                 donate_argnums=(0,))
+  minibatch = train_step_lib.abstract_minibatch(cfg, dsh)
+  step = train_step_lib.jit_train_step(cfg, graphdef=model.graphdef, optimizer=optimizer,
+                                       mesh=mesh,
+                                       state_shardings=jax.tree.map(lambda x: x.sharding, state))
   logp = jax.jit(functools.partial(logprob_pass.logprob_fn, graphdef=model.graphdef, mesh=mesh,
                                    temperature=cfg.rollout.temperature, with_entropy=True))
   jobs = [Job("init_train_state", init, (model.params,), ()),
@@ -95,16 +81,16 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
 
 def _sampler_cache(cfg: Config, mcfg, smesh, slots: int) -> dict:
   """The decode state's cache layout: dense, or the paged pool (pages from the budget)."""
-  c, r, max_len = mcfg, cfg.rollout, cfg.seq_len
-  if not r.paged_kv:
+  c, rollout, max_len = mcfg, cfg.rollout, cfg.seq_len
+  if not rollout.paged_kv:
     return dict(shape=(c.num_layers, slots, max_len, c.num_kv_heads, c.head_dim), spec=None,
                 num_pages=0)
-  spec = device_fns.paged_spec(smesh, max_len=max_len, slots=slots, page_size=r.page_size,
+  spec = device_fns.paged_spec(smesh, max_len=max_len, slots=slots, page_size=rollout.page_size,
                                head_dim=c.head_dim)
   n = device_fns.pool_pages(smesh, spec, slots=slots, num_pages=budget.sampler_pages(
-      kv_cache_gib=r.kv_cache_gib, mcfg=mcfg, max_len=max_len, page_size=r.page_size,
+      kv_cache_gib=rollout.kv_cache_gib, mcfg=mcfg, max_len=max_len, page_size=rollout.page_size,
       mesh_shape=smesh.shape))
-  return dict(shape=(c.num_kv_heads, c.num_layers, n, r.page_size, c.head_dim), spec=spec,
+  return dict(shape=(c.num_kv_heads, c.num_layers, n, rollout.page_size, c.head_dim), spec=spec,
               num_pages=n)
 
 
@@ -113,7 +99,7 @@ def _insert_and_table(cfg: Config, pg, smesh, slots: int, np_batch: int, host):
   page-table argument of generate_chunk: none of these extras for the dense cache."""
   if pg is None:
     return device_fns.insert, [], ()
-  shards = device_fns.batch_shards(smesh)
+  shards = sharding.batch_shards(smesh)
   w = np_batch * (cfg.task.max_prompt_len // pg.page_size) * shards + slots
   insert = functools.partial(device_fns.insert_paged, page_size=pg.page_size,
                              max_len=cfg.seq_len)
@@ -138,15 +124,16 @@ def _decode_state(cfg: Config, sm, smesh, slots: int, cache: dict, host):
 def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
                  hosts: int = 1) -> tuple[list, dict, int, dict]:
   """prefill / insert / generate chunk on one sampler replica's mesh, as engine.py jits them."""
-  max_len, r = cfg.seq_len, cfg.rollout
+  max_len, rollout = cfg.seq_len, cfg.rollout
   slots = budget.sampler_slots(
-      num_slots=r.num_slots, kv_cache_gib=r.kv_cache_gib, group_size=r.group_size, mcfg=mcfg,
-      max_len=max_len, mesh_shape=smesh.shape, paged=r.paged_kv, hosts=hosts)
+      num_slots=rollout.num_slots, kv_cache_gib=rollout.kv_cache_gib,
+      group_size=rollout.group_size, mcfg=mcfg, max_len=max_len, mesh_shape=smesh.shape,
+      paged=rollout.paged_kv, hosts=hosts)
   sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype)
   g, c, rest = sm.graphdef, mcfg, {}
   cache = _sampler_cache(cfg, mcfg, smesh, slots)
   pg = cache["spec"]
-  np_batch = math.ceil(slots / r.group_size)  # make_sampler's default prefill batch
+  np_batch = math.ceil(slots / rollout.group_size)  # make_sampler's default prefill batch
   prefix_sh = rstate.prefix_shardings(
       smesh, cache_shape=(c.num_layers, 1, cfg.task.max_prompt_len, c.num_kv_heads, c.head_dim))
   rep = NamedSharding(smesh, P())
@@ -171,17 +158,22 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
               (sm.params, rest, st, host((), jnp.bool_), *chunk_args), ("train_state", "prefix"))]
   buffers = {"sampler_params": shapes.bytes_per_chip(sm.params),
              "decode_state": shapes.bytes_per_chip(st), "prefix": shapes.bytes_per_chip(prefix)}
-  info = dict(paged_kv=bool(pg), page_size=r.page_size, pool_pages_per_host=cache["num_pages"])
+  info = dict(paged_kv=bool(pg), page_size=rollout.page_size,
+              pool_pages_per_host=cache["num_pages"])
   return jobs, buffers, slots, info
 
 
-def transfer_job(mcfg, model, gmesh) -> Job:
+def transfer_job(mcfg, model, gmesh, trainer_mesh=None) -> Job:
   """Trainer params -> the sampler's dtype and layout on the global sampler mesh (the
-  device-to-device all-gather of engine.load_params; each host then keeps its own shards)."""
-  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype)
+  device-to-device all-gather of engine.load_params; each host then keeps its own shards).
+  Split placement (`trainer_mesh` given): the all-gather into the sampler's tensor layout on
+  the trainer's chips, from which each host's sampler chips copy their shards."""
+  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype).shardings
+  if trainer_mesh is not None:
+    target = jax.tree.map(lambda s: NamedSharding(trainer_mesh, transfer.tensor_only(s.spec)),
+                          target)
   dtype = jnp.dtype(mcfg.dtype)
-  fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
-               out_shardings=target.shardings)
+  fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p), out_shardings=target)
   return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
 
 
@@ -195,16 +187,22 @@ def host_devices(devices, hosts: int) -> list:
 def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) -> Plan:
   """All jobs of a rollout step for `devices` (one TPU slice of `hosts` hosts)."""
   mcfg, source = shapes.model_config(cfg)
-  mesh = setup.build_mesh(cfg, devices)
-  check_splits(cfg, mesh, hosts)
-  gmesh = setup.build_sampler_mesh(cfg, devices)
-  smesh = setup.build_sampler_mesh(cfg, host_devices(devices, hosts))
+  placed = placement.place(cfg, devices)
+  mesh = placement.build_mesh(cfg, list(placed.trainer))
+  setup.check_batch_fits_mesh(cfg, mesh, hosts)
+  gmesh = placement.build_sampler_mesh(cfg, list(placed.sampler))
+  smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
   sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, steps_per_call, hosts)
-  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh)]
-  info = dict(model_source=source, num_params=mcfg.num_params, trainer_mesh=dict(mesh.shape),
+  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None)]
+  if placed.split:  # each role's chips hold only its own buffers
+    for job in jobs:
+      job.resident = tuple(b for b in job.resident if BUFFER_SIDE[b] == job.side)
+  info = dict(model_source=source, num_params=mcfg.num_params, placement=cfg.rollout.placement,
+              trainer_chips=len(placed.trainer), sampler_chips=len(placed.sampler),
+              trainer_mesh=dict(mesh.shape),
               sampler_mesh_per_host=dict(smesh.shape), sampler_mesh_global=dict(gmesh.shape),
               sampler_slots_per_host=slots, sampler_slots_global=slots * hosts,
-              logprob_rows=_rows(cfg), minibatch_rows=cfg.minibatch_prompts * cfg.rollout.group_size,
+              logprob_rows=_rows(cfg), minibatch_rows=cfg.minibatch_seqs,
               seq_len=cfg.seq_len, steps_per_call=steps_per_call, **sinfo)
   return Plan(jobs=jobs, buffers={**tbuf, **sbuf}, info=info)

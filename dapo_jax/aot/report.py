@@ -106,11 +106,16 @@ def table(rows: list, summary: dict, buffers: dict) -> str:
   lines.append("Pallas kernels: " + ("; ".join(used) or "none"))
   lines.append("resident buffers per chip (GiB): " + ", ".join(
       f"{k} {v / GiB:.2f}" for k, v in buffers.items() if v))
+  for side, s in summary.get("sides", {"": summary}).items():
+    lines += _verdict(s, f"{side} chips' " if side else "")
+  return "\n".join(lines)
+
+
+def _verdict(summary: dict, who: str) -> list:
   verdict = "fits" if summary["fits"] else "does not fit"
-  lines.append(f"step peak per chip: {summary['peak_bytes'] / GiB:.2f} GiB "
-               f"({summary['peak_function']}) of {summary['hbm_bytes'] / GiB:.0f} GiB HBM: "
-               f"{verdict}")
+  lines = [f"{who}step peak per chip: {summary['peak_bytes'] / GiB:.2f} GiB "
+           f"({summary['peak_function']}) of {summary['hbm_bytes'] / GiB:.0f} GiB HBM: {verdict}"]
   if not summary["fits"]:
     lines.append("largest items: " + "; ".join(
         f"{i['name']} {i['bytes'] / GiB:.2f} GiB" for i in summary["largest_items"]))
-  return "\n".join(lines)
+  return lines

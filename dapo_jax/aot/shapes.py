@@ -49,14 +49,14 @@ def _vocab_from_tokenizer(cfg: Config) -> int:
 
 def model_config(cfg: Config) -> tuple[ModelConfig, str]:
   """(ModelConfig with the run's settings applied, where the architecture came from)."""
-  m = cfg.model
-  if m.source == "config":
-    vocab = m.vocab_size or _vocab_from_tokenizer(cfg)
+  model = cfg.model
+  if model.source == "config":
+    vocab = model.vocab_size or _vocab_from_tokenizer(cfg)
     return setup.model_config(cfg, vocab), "config"
-  path = setup.resolve_path(m.hf_path)
+  path = setup.resolve_path(model.hf_path)
   if os.path.isfile(os.path.join(path, "config.json")):
     return setup.model_config(cfg, 0, hf_io.read_config(path)), f"{path}/config.json"
-  name = os.path.basename(os.path.normpath(m.hf_path)).lower()
+  name = os.path.basename(os.path.normpath(model.hf_path)).lower()
   if name not in PRESETS:
     raise ValueError(f"config.model.hf_path: no config.json in {path!r} and no preset named "
                      f"{name!r}; known presets: {sorted(PRESETS)}")
@@ -89,11 +89,11 @@ def abstract_model(mcfg: ModelConfig, mesh, dtype=None) -> Model:
 
 
 def train_state(cfg: Config, model: Model, mesh):
-  """(optimizer, init function, state SDS) with the shardings trainer.build gives the state."""
-  o = cfg.optim
+  """(optimizer, init function, state SDS) with the shardings train.run.build gives the state."""
+  optim = cfg.optim
   optimizer = state_lib.make_optimizer(
-      lr=o.lr, warmup_updates=cfg.warmup_updates, weight_decay=o.weight_decay,
-      grad_clip=o.grad_clip, b1=o.b1, b2=o.b2, eps=o.eps)
+      lr=optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=optim.weight_decay,
+      grad_clip=optim.grad_clip, b1=optim.b1, b2=optim.b2, eps=optim.eps)
   shard = state_lib.shardings(model.params, optimizer, NamedSharding(mesh, P()))
   create = functools.partial(state_lib.create, optimizer=optimizer)
   init = jax.jit(create, out_shardings=shard)

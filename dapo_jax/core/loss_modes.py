@@ -20,6 +20,8 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from dapo_jax.core.stats import masked_mean
+
 SEQ_LOG_RATIO_MAX = 10.0  # GSPO: log s_i clamped at 10 before exp (verl)
 FLAG_KEYS = ("clipped", "clipped_upper", "clipped_lower", "clipped_dual", "selected")
 
@@ -31,7 +33,7 @@ def _flags(like, **given):
 
 
 def _seq_mean(x_BxT, m_BxT):
-  return jnp.sum(x_BxT * m_BxT, axis=1) / jnp.maximum(jnp.sum(m_BxT, axis=1), 1.0)
+  return masked_mean(x_BxT, m_BxT, axis=1)
 
 
 def _ppo_clip(ratio, adv, eps_low, eps_high):
@@ -117,18 +119,20 @@ def gpg(log_ratio, logp, adv, m):
   return loss, _flags(loss)
 
 
-def clip_cov(log_ratio, logp, adv, m, *, eps_low, eps_high, selected_BxT):
+def clip_cov(log_ratio, logp, adv, m, *, eps_low, eps_high, clip_cov_ratio, clip_cov_lb,
+             clip_cov_ub, selected_BxT):
   """Clip-Cov (Cui et al. 2025, Eq. 11): the clipped surrogate with the loss (value and
-  gradient) of the selected high-covariance tokens set to 0, as the paper and verl."""
-  del logp, m
+  gradient) of the selected high-covariance tokens set to 0, as the paper and verl. The
+  selection's parameters act in `clip_cov_select`."""
+  del logp, m, clip_cov_ratio, clip_cov_lb, clip_cov_ub
   loss, flags = _ppo_clip(jnp.exp(log_ratio), adv, eps_low, eps_high)
   return jnp.where(selected_BxT, 0.0, loss), _flags(loss, selected=selected_BxT, **flags)
 
 
-def kl_cov(log_ratio, logp, adv, m, *, kl_coef, selected_BxT):
+def kl_cov(log_ratio, logp, adv, m, *, kl_cov_ratio, kl_coef, selected_BxT):
   """KL-Cov (Cui et al. 2025, Eq. 12): −r·A, plus kl_coef·|log r| on the selected tokens (verl's
-  |log π − log π_old| as the KL term); no clip."""
-  del logp, m
+  |log π − log π_old| as the KL term); no clip. kl_cov_ratio acts in `kl_cov_select`."""
+  del logp, m, kl_cov_ratio
   loss = -adv * jnp.exp(log_ratio) + jnp.where(selected_BxT, kl_coef * jnp.abs(log_ratio), 0.0)
   return loss, _flags(loss, selected=selected_BxT)
 
@@ -169,14 +173,15 @@ def clip_cov_select(log_ratio, logp, adv, m, *, eps_low, eps_high, clip_cov_rati
   return _top_k(priority, eligible, _count(clip_cov_ratio, jnp.sum(valid)))
 
 
-def kl_cov_select(log_ratio, logp, adv, m, *, kl_cov_ratio, key):
+def kl_cov_select(log_ratio, logp, adv, m, *, kl_cov_ratio, kl_coef, key):
   """KL-Cov's tokens: the ⌊k·N⌋ (≥ 1) valid tokens of largest centred covariance."""
-  del log_ratio, key
+  del log_ratio, kl_coef, key
   valid = m > 0
   cov = _centered_cov(logp, adv, valid)
   return _top_k(-cov, valid, _count(kl_cov_ratio, jnp.sum(valid)))
 
 
+# Each selector takes its mode's parameters (`Mode.defaults`) and a PRNG key.
 SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 
 
@@ -184,7 +189,9 @@ SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 class Mode:
   fn: Callable
   agg: str                          # the paper's aggregation (used when agg is not given)
-  defaults: Mapping[str, float | None]  # every keyword of fn -> its paper default
+  # The mode's parameters -> their paper defaults: the keywords of fn (and of its selector),
+  # which a selecting mode's fn takes besides selected_BxT.
+  defaults: Mapping[str, float | None]
   sequence_level: bool = False      # one loss value per sequence (no token-sum aggregation)
   selects: bool = False             # needs `select_tokens` over the whole mini-batch
 

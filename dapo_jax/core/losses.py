@@ -7,9 +7,8 @@ WHOLE mini-batch once, each piece calls `policy_loss(..., denominator=that)`, an
 and gradients add up to the full-batch ones exactly. Under jit with sharded inputs the sums inside
 are global, so data-parallel shards need nothing more.
 """
-import functools
-import inspect
-from typing import Any
+import collections.abc
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,13 +16,10 @@ import jax.numpy as jnp
 from dapo_jax.core import loss_modes
 from dapo_jax.core._checks import check_array, check_same_shape
 from dapo_jax.core.loss_modes import MODES
+from dapo_jax.core.stats import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # the reference clamps log π/π_old to ±20 before exp
-
-
-def check_clip_args(*, eps_low: float, eps_high: float, clip_c: float | None):
-  check_loss_params("dapo", dict(eps_low=eps_low, eps_high=eps_high, clip_c=clip_c))
 
 
 def resolve_params(mode: str, given: dict) -> dict:
@@ -126,12 +122,6 @@ def _prepare(logp_BxT, old_logp_BxT, adv, mask_BxT):
   return log_ratio, logp, adv_BxT, mask_BxT.astype(dtype)
 
 
-@functools.cache
-def _keywords(fn) -> tuple[str, ...]:
-  return tuple(n for n, p in inspect.signature(fn).parameters.items()
-               if p.kind is p.KEYWORD_ONLY)
-
-
 def select_tokens(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str, key=None, **params):
   """The tokens a selecting mode (clip_cov, kl_cov) acts on, chosen over THIS whole batch:
   call it on the full mini-batch and pass the result to every micro-batch's `policy_loss` as
@@ -142,16 +132,15 @@ def select_tokens(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str, key=None,
   params = resolve_params(mode, params)
   log_ratio, logp, adv_BxT, m = jax.tree.map(
       jax.lax.stop_gradient, _prepare(logp_BxT, old_logp_BxT, adv, mask_BxT))
-  fn = loss_modes.SELECTORS[mode]
-  kw = {k: params[k] for k in _keywords(fn) if k != "key"}
-  return fn(log_ratio, logp, adv_BxT, m, key=jax.random.PRNGKey(0) if key is None else key, **kw)
+  key = jax.random.PRNGKey(0) if key is None else key
+  return loss_modes.SELECTORS[mode](log_ratio, logp, adv_BxT, m, key=key, **params)
 
 
 def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str = "dapo",
                 agg: str | None = None, eps_low: float | None = None,
                 eps_high: float | None = None, clip_c: float | None = None,
                 loss_scale_factor=None, denominator=None, weight_BxT=None, selected_BxT=None,
-                key=None, **mode_params) -> tuple[jax.Array, dict[str, Any]]:
+                key=None, **mode_params) -> tuple[jax.Array, "PolicyLossStats"]:
   """A policy loss of the family (`core.loss_modes.MODES`) as a loss to minimise.
 
   mode: dapo (default) | gspo | gspo_token | cispo | geo_mean | sapo | gpg | clip_cov | kl_cov.
@@ -163,9 +152,8 @@ def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str = "dapo",
   weight_BxT: per-token weights (no gradient), e.g. an off-policy correction (core.offpolicy).
   selected_BxT: for clip_cov / kl_cov, `select_tokens` of the whole mini-batch; None = select
   from this call's batch with `key` (default PRNGKey(0)).
-  Returns (loss, aux): clip fractions (any, upper, lower, dual), the share of selected tokens,
-  the mean probability of up-clipped tokens (Fig. 3a), approx KL (mean log π_old − log π), ratio
-  mean / max and the token count; fractions and means are over this call's loss tokens.
+  Returns (loss, PolicyLossStats): clip fractions, Fig. 3a's up-clipped probability, approx KL,
+  ratio mean / max and the token count, over this call's loss tokens.
   """
   params = resolve_params(mode, dict(mode_params, eps_low=eps_low, eps_high=eps_high,
                                      clip_c=clip_c))
@@ -178,8 +166,8 @@ def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str = "dapo",
   if selected_BxT is not None:
     check_same_shape(logp_BxT, selected_BxT, "logp_BxT", "selected_BxT")
     params["selected_BxT"] = selected_BxT.astype(bool)
-  fn = MODES[mode].fn
-  loss_BxT, flags = fn(log_ratio, logp, adv_BxT, m, **{k: params[k] for k in _keywords(fn)})
+  own = (*MODES[mode].defaults, *(("selected_BxT",) if MODES[mode].selects else ()))
+  loss_BxT, flags = MODES[mode].fn(log_ratio, logp, adv_BxT, m, **{k: params[k] for k in own})
   if weight_BxT is not None:
     check_same_shape(logp_BxT, weight_BxT, "logp_BxT", "weight_BxT")
     loss_BxT = loss_BxT * jax.lax.stop_gradient(weight_BxT.astype(loss_BxT.dtype))
@@ -189,22 +177,50 @@ def policy_loss(logp_BxT, old_logp_BxT, adv, mask_BxT, *, mode: str = "dapo",
   return loss, _aux(flags, log_ratio, logp, m)
 
 
-def _aux(flags, log_ratio, logp, m):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PolicyLossStats(collections.abc.Mapping):
+  """What `policy_loss` reports of one call, over its loss tokens (scalars). Typed fields, and a
+  read-only mapping by name (`aux["clipfrac"]`, `aux.items()`) for callers of the (loss, aux)
+  form."""
+  clipfrac: jax.Array          # share of tokens whose clip bound
+  clipfrac_upper: jax.Array    # A > 0 tokens clipped at 1 + eps_high (Fig. 3a's tokens)
+  clipfrac_lower: jax.Array    # A < 0 tokens clipped at 1 - eps_low
+  clipfrac_dual: jax.Array     # A < 0 tokens capped by the dual clip c
+  selected_frac: jax.Array     # tokens a Clip-/KL-Cov mode selected
+  upclip_prob_mean: jax.Array  # mean probability of the up-clipped tokens (0 when none)
+  num_upclipped: jax.Array     # their count
+  approx_kl: jax.Array         # mean of log pi_old - log pi
+  ratio_mean: jax.Array
+  ratio_max: jax.Array         # 0 when there is no loss token
+  num_tokens: jax.Array        # loss tokens
+
+  def __getitem__(self, name: str):
+    if name not in _STAT_NAMES:
+      raise KeyError(name)
+    return getattr(self, name)
+
+  def __iter__(self):
+    return iter(_STAT_NAMES)
+
+  def __len__(self) -> int:
+    return len(_STAT_NAMES)
+
+
+_STAT_NAMES = tuple(f.name for f in dataclasses.fields(PolicyLossStats))
+
+
+def _aux(flags, log_ratio, logp, m) -> PolicyLossStats:
   n_tok = jnp.sum(m)
-  safe_n = jnp.maximum(n_tok, 1.0)
-  frac = lambda k: jnp.sum(flags[k] * m) / safe_n
   up = flags["clipped_upper"] * m
   n_up = jnp.sum(up)
   ratio = jnp.exp(log_ratio)
-  return {
-      "clipfrac": frac("clipped"), "clipfrac_upper": frac("clipped_upper"),
-      "clipfrac_lower": frac("clipped_lower"), "clipfrac_dual": frac("clipped_dual"),
-      "selected_frac": frac("selected"),
-      # NaN-free: 0 when no token was up-clipped (the count is in aux too).
-      "upclip_prob_mean": jnp.sum(jnp.exp(logp) * up) / jnp.maximum(n_up, 1.0),
-      "num_upclipped": n_up,
-      "approx_kl": jnp.sum(-log_ratio * m) / safe_n,
-      "ratio_mean": jnp.sum(ratio * m) / safe_n,
-      "ratio_max": jnp.where(n_tok > 0, jnp.max(jnp.where(m > 0, ratio, -jnp.inf)), 0.0),
-      "num_tokens": n_tok,
-  }
+  frac = lambda k: masked_mean(flags[k], m)
+  return PolicyLossStats(
+      clipfrac=frac("clipped"), clipfrac_upper=frac("clipped_upper"),
+      clipfrac_lower=frac("clipped_lower"), clipfrac_dual=frac("clipped_dual"),
+      selected_frac=frac("selected"),
+      upclip_prob_mean=jnp.sum(jnp.exp(logp) * up) / jnp.maximum(n_up, 1.0), num_upclipped=n_up,
+      approx_kl=masked_mean(-log_ratio, m), ratio_mean=masked_mean(ratio, m),
+      ratio_max=jnp.where(n_tok > 0, jnp.max(jnp.where(m > 0, ratio, -jnp.inf)), 0.0),
+      num_tokens=n_tok)

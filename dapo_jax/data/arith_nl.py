@@ -14,7 +14,6 @@ import dataclasses
 import random
 
 from dapo_jax.data import template
-from dapo_jax.data.example import SPLITS  # noqa: F401  (re-exported)
 from dapo_jax.data.example import Example, check_examples_args, check_int_fields, split_of
 
 MAX_DIFFICULTY = 6

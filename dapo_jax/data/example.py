@@ -37,6 +37,7 @@ class SkipReport:
   templated: int = 0  # rows whose prompt came wrapped in the DAPO template (hub format)
   non_integer: int = 0  # kept answers that are not integers (flagged answer_is_int=False)
   conflicting: int = 0  # problems kept with more than one distinct answer
+  blank: int = 0  # blank lines of a jsonl file, skipped (no row)
   skipped: list = dataclasses.field(default_factory=list)  # [{"row": r, "reason": why}]
 
   def summary(self) -> str:
@@ -44,7 +45,8 @@ class SkipReport:
             f"{self.duplicates} duplicate (problem, answer) dropped, {len(self.skipped)} bad rows "
             f"skipped, {self.non_integer} non-integer answers flagged, {self.conflicting} problems "
             f"with conflicting answers, {self.stripped} problems stripped of whitespace, "
-            f"{self.templated} rows unwrapped from the DAPO template")
+            f"{self.templated} rows unwrapped from the DAPO template, {self.blank} blank lines "
+            f"skipped")
 
 
 def integer_answer(value) -> str | None:

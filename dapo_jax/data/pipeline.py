@@ -8,7 +8,8 @@ are exactly the one-host batch. The position is one integer (the step), so `stat
 JSON dict for the checkpoint and a run can resume on a different number of hosts.
 
 Prompts longer than max_prompt_len tokens are left-truncated (their start is cut, as the reference
-does), flagged per batch and counted.
+does), flagged per batch and counted (the trainer logs each step's count as `prompts_truncated`;
+`encode_eval_prompts` counts the held-out set's for the eval results).
 """
 import dataclasses
 import hashlib
@@ -184,6 +185,14 @@ def encode_prompt(tokenizer, prompt: str, *, use_chat_template: bool = False) ->
                                          add_generation_prompt=True)
     return list(tokenizer.encode(text, add_special_tokens=False))
   return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def encode_eval_prompts(tokenizer, texts, *, max_prompt_len: int,
+                        use_chat_template: bool = False) -> tuple[list[list[int]], int]:
+  """Token ids of held-out prompts, each left-truncated to max_prompt_len tokens as in
+  training, and how many were cut (reported with the eval's results)."""
+  full = [encode_prompt(tokenizer, t, use_chat_template=use_chat_template) for t in texts]
+  return [ids[-max_prompt_len:] for ids in full], sum(len(ids) > max_prompt_len for ids in full)
 
 
 _MARK = "\u2063dapo-jax-end-of-turn-probe\u2063"  # text no template writes itself

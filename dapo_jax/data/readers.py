@@ -3,15 +3,19 @@
 Formats (shared/data/SOURCES.md): DAPO parquet files, either the hub original (prompt wrapped in
 the DAPO template, UUID index, each item repeated 100x) or the de-duplicated SvS copy (bare problem,
 integer index); and jsonl eval files (problem, answer, id / unique_id). Every row problem raises a
-ValueError naming file and row, or, with skip_bad=True, is skipped, logged and counted.
-Rows are de-duplicated by (problem, answer), keeping the first.
+ValueError naming file and row, or, with skip_bad=True (a run's config.task.skip_bad), is skipped,
+logged and counted. Blank lines of a jsonl file are skipped and counted. Rows are de-duplicated
+by (problem, answer), keeping the first. A data dir or file may be local or a URL (gs://...):
+files are read through dapo_jax.paths.
 """
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import pathlib
 
+from dapo_jax import paths
 from dapo_jax.data import template
 from dapo_jax.data.example import Example, SkipReport, integer_answer
 
@@ -51,14 +55,14 @@ def default_path(name: str, data_dir=None) -> pathlib.Path:
   """Where `name`'s file is: in data_dir if given, else the vendored copy or the shared data."""
   spec = _spec(name)
   if data_dir is not None:
-    return pathlib.Path(data_dir) / spec.filename
+    return paths.resolve(data_dir) / spec.filename
   return (ASSETS_DIR if spec.vendored else shared_data_dir()) / spec.filename
 
 
 def load_examples(name: str, *, data_dir=None, path=None, skip_bad: bool = False):
   """Reads dataset `name` -> (list[Example], SkipReport). `path` (a file) beats `data_dir`."""
   spec = _spec(name)
-  path = pathlib.Path(path) if path is not None else default_path(name, data_dir)
+  path = paths.resolve(path) if path is not None else default_path(name, data_dir)
   return read_file(path, integer_answers=spec.integer_answers, source=name, skip_bad=skip_bad)
 
 
@@ -69,6 +73,8 @@ def load_math_500_easy(*, data_dir=None, max_level: int = 2) -> list[Example]:
   examples, _ = read_file(path, integer_answers=False, source="math_500")
   levels = {}
   for _, where, fields in _jsonl_rows(path, extra=("level",)):
+    if fields is None:  # a blank line
+      continue
     level = fields["level"] if isinstance(fields, dict) else None
     if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 5:
       raise ValueError(f"{path}: {where}: level must be an int in [1, 5], got {level!r}")
@@ -78,9 +84,10 @@ def load_math_500_easy(*, data_dir=None, max_level: int = 2) -> list[Example]:
 
 def read_file(path, *, integer_answers: bool, source: str = "", skip_bad: bool = False):
   """Reads a .parquet or .jsonl file of math problems -> (list[Example], SkipReport)."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"{path}: no such data file")
+  path = paths.resolve(path)
+  if not path.exists() or path.is_dir():
+    raise FileNotFoundError(f"{path}: no such data file (set config.task.data_dir, or "
+                            f"$DAPO_SHARED_DATA, to the directory holding it)")
   report = SkipReport(file=str(path))
   if path.suffix == ".parquet":
     rows = _parquet_rows(path)
@@ -90,13 +97,17 @@ def read_file(path, *, integer_answers: bool, source: str = "", skip_bad: bool =
     raise ValueError(f"{path}: unknown data format (expected .parquet or .jsonl)")
   examples, seen, answers = [], set(), {}
   for row, where, fields in rows:
+    if fields is None:  # a blank line: no row
+      report.blank += 1
+      continue
     report.rows_in += 1
     try:
       ex = _make_example(where, fields, integer_answers=integer_answers, source=source,
                          report=report)
     except RowError as e:
       if not skip_bad:
-        raise ValueError(f"{path}: {e} (pass skip_bad=True to skip bad rows)") from None
+        raise ValueError(f"{path}: {e} (fix or remove the row; skip_bad=True, in a run "
+                         f"config.task.skip_bad=True, skips and counts bad rows)") from None
       logging.warning("skipping %s: %s", path, e)
       report.skipped.append({"row": row, "reason": str(e)})
       continue
@@ -120,10 +131,21 @@ def _spec(name: str) -> DatasetSpec:
 
 def _parquet_rows(path):
   """Yields (row, "row N", {"prompt", "answer", "id"}) from a DAPO-format parquet (0-based rows)."""
+  with contextlib.ExitStack() as stack:  # a URL's file object, closed once the columns are read
+    source = stack.enter_context(path.open("rb")) if paths.is_url(path) else os.fspath(path)
+    cols, num_rows = _parquet_columns(path, source)
+  for row in range(num_rows):
+    rm, info = cols["reward_model"][row] or {}, cols["extra_info"][row] or {}
+    yield row, f"row {row}", {"prompt": cols["prompt"][row], "answer": rm.get("ground_truth"),
+                "id": info.get("index")}
+
+
+def _parquet_columns(path, source):
+  """({column: python list}, rows) of the DAPO columns; ValueError naming `path` if unreadable."""
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   try:
-    schema = pq.read_schema(path)
+    schema = pq.read_schema(source)
   except (pa.ArrowException, OSError) as e:
     raise ValueError(f"{path}: not a readable parquet file ({e})") from None
   missing = [c for c in _PARQUET_COLUMNS if not _has_column(schema, c)]
@@ -131,14 +153,11 @@ def _parquet_rows(path):
     raise ValueError(f"{path}: parquet is missing column(s) {missing}; a DAPO-format file has "
                      f"{list(_PARQUET_COLUMNS)}")
   try:
-    table = pq.read_table(path, columns=["prompt", "reward_model", "extra_info"])
+    table = pq.read_table(source, columns=["prompt", "reward_model", "extra_info"])
     cols = {c: table.column(c).to_pylist() for c in ("prompt", "reward_model", "extra_info")}
   except (pa.ArrowException, UnicodeDecodeError) as e:
     raise ValueError(f"{path}: cannot decode parquet columns ({e})") from None
-  for row in range(table.num_rows):
-    rm, info = cols["reward_model"][row] or {}, cols["extra_info"][row] or {}
-    yield row, f"row {row}", {"prompt": cols["prompt"][row], "answer": rm.get("ground_truth"),
-                "id": info.get("index")}
+  return cols, table.num_rows
 
 
 def _has_column(schema, dotted: str) -> bool:
@@ -152,10 +171,13 @@ def _has_column(schema, dotted: str) -> bool:
 
 def _jsonl_rows(path, extra=()):
   """Yields (line number, "line N", {"prompt", "answer", "id", *extra}) from a jsonl file
-  (1-based)."""
-  with open(path, "rb") as f:
+  (1-based); None in place of the fields for a blank line."""
+  with paths.resolve(path).open("rb") as f:
     for lineno, raw in enumerate(f, start=1):
       where = f"line {lineno}"
+      if not raw.strip():
+        yield lineno, where, None
+        continue
       try:
         text = raw.decode("utf-8")
       except UnicodeDecodeError as e:

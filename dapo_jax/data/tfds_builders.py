@@ -12,16 +12,20 @@ Importing this module registers the five builders with tfds:
 Where the source file comes from, first match wins: config.url (downloaded by tfds), config.path
 (a file, or a directory holding the default file name), the TFDS manual dir, then the default of
 readers.default_path (vendored eval sets, or the shared data dir / $DAPO_SHARED_DATA for
-DAPO-Math-17k). Rows are read by readers.read_file, so TFDS and the plain readers yield the same
-examples; the dedup/skip report is kept in the dataset's metadata (info.metadata["report"]).
+DAPO-Math-17k). config.path, the manual dir and tfds' data_dir may each be local or a URL
+(gs://...): read through dapo_jax.paths and tfds' own epath. Rows are read by readers.read_file,
+so TFDS and the plain readers yield the same examples; the dedup/skip report is kept in the
+dataset's metadata (info.metadata["report"]).
 """
 import dataclasses
 import logging
+import os
 import pathlib
 
 import numpy as np
 import tensorflow_datasets as tfds
 
+from dapo_jax import paths
 from dapo_jax.data import readers
 
 _CITATION = """@article{yu2025dapo,
@@ -87,14 +91,14 @@ class _MathBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     cfg, filename = self.builder_config, readers.DATASETS[self.name].filename
     if cfg.url:
       return pathlib.Path(dl_manager.download(cfg.url))
-    if cfg.path:
-      path = pathlib.Path(cfg.path)
+    if cfg.path:  # local or a URL (gs://...)
+      path = paths.resolve(cfg.path)
       return path / filename if path.is_dir() else path
     try:
-      manual = pathlib.Path(dl_manager.manual_dir) / filename
+      manual = paths.resolve(os.fspath(dl_manager.manual_dir)) / filename
     except AssertionError:  # no manual dir given, or it is empty
       manual = None
-    if manual is not None and manual.is_file():
+    if manual is not None and manual.exists():
       return manual
     path = readers.default_path(self.name)
     if not path.is_file():

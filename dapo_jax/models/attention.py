@@ -1,17 +1,20 @@
-"""Training attention that never builds a [B, T, T] mask: blocked online softmax, or splash on TPU.
+"""Training attention without a [B, T, T] mask: blocked online softmax, or a Pallas kernel.
 
 Both take segment ids: query t sees key s iff s <= t and q_seg[t] == kv_seg[s]. Packed rows
 (several sequences per row, `train/packing.py`) pass the same ids for both; a right-padded row
 passes q_seg = 1 and kv_seg = its mask, which is the plain path's `causal & mask[s]`.
 
-- `blocked_attend` (CPU, GPU, and the reference): blocks of `block` queries against blocks of
+- `blocked_attend` (CPU, and the reference): blocks of `block` queries against blocks of
   `block` keys with a running max and sum (flash attention), key blocks past the diagonal never
   computed (causal skipping: ~half the work of the dense form). A custom VJP recomputes each
   block's probabilities from the saved log-sum-exp, so training memory is one block of scores
   per (batch, head), not [T, T]. Equal to `layers.attend` in values and gradients (tests).
 - `splash_attend` (TPU): the Pallas splash-attention kernel with a causal mask and segment ids,
   under `shard_map` over the batch and head axes of the mesh (a Pallas call does not partition
-  itself).
+  itself; `attention_shard.py`).
+- `attention_gpu.gpu_flash_attend` (GPU): the Pallas GPU (Triton) flash-attention kernel shipped
+  with jax, the same way.
+`auto_impl` says which one "auto" runs on each platform.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from dapo_jax import sharding
+from dapo_jax.models import attention_gpu
+from dapo_jax.models import attention_shard as shard
 from dapo_jax.models.config import ATTENTION_IMPLS as IMPLS
 _MASKED = -1e30
 _F32 = jnp.float32
@@ -155,8 +159,10 @@ def plain_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, ch
   return layers.chunked_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, allowed, chunk=chunk)
 
 
-def _splash_local(q, k, v, q_seg, kv_seg):
-  """One shard's splash attention: q [b, T, h, D], k / v [b, T, kv, D] (T a multiple of 128)."""
+def _splash_local(q, k, v, q_seg, kv_seg, *, row_by_row: bool):
+  """One shard's splash attention: q [b, T, h, D], k / v [b, T, kv, D] (T a multiple of 128).
+  row_by_row: one kernel call per row (`lax.map`) instead of `vmap`, whose extra grid dimension
+  the TPU interpreter rejects (jax 0.10.2: it is not added to the kernel's dimension semantics)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=g-import-not-at-top
       splash_attention_kernel as sk, splash_attention_mask as sm)
   t, h = q.shape[1], q.shape[2]
@@ -168,45 +174,43 @@ def _splash_local(q, k, v, q_seg, kv_seg):
                               head_shards=1, q_seq_shards=1)
   scale = 1.0 / math.sqrt(q.shape[-1])
 
-  def one(q, k, v, qs, ks):  # [T, h, D] -> the kernel's [h, T, D]
+  def one(rows):  # [T, h, D] -> the kernel's [h, T, D]
+    q, k, v, qs, ks = rows
     o = kernel((q * scale).astype(q.dtype).swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1),
                segment_ids=sk.SegmentIds(q=qs, kv=ks))
     return o.swapaxes(0, 1)
 
-  return jax.vmap(one)(q, k, v, q_seg, kv_seg)
+  rows = (q, k, v, q_seg, kv_seg)
+  return jax.lax.map(one, rows) if row_by_row else jax.vmap(one)(rows)
 
 
 def splash_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh):
-  """`blocked_attend`'s maths by the Pallas splash kernel, one call per (batch, head) shard."""
-  t = q_BxTxHxK.shape[1]
-  pad = -t % 128
-  tp = ((0, 0), (0, pad), (0, 0), (0, 0))
-  q, k, v = (jnp.pad(x, tp) for x in (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK))
-  qs = jnp.pad(q_seg_BxT, ((0, 0), (0, pad)), constant_values=-1)
-  ks = jnp.pad(kv_seg_BxT, ((0, 0), (0, pad)), constant_values=-2)
-  spec = lambda x, names: sharding.logical_to_mesh_sharding(names, mesh, shape=x.shape).spec
-  q_spec = spec(q, ("batch", None, "heads", None))
-  kv_spec = spec(k, ("batch", None, "kv_heads", None))
-  if q_spec[2] != kv_spec[2]:
-    raise ValueError(f"splash attention: query heads {q.shape[2]} and KV heads {k.shape[2]} "
-                     f"must split the same way over the mesh {dict(mesh.shape)} "
-                     f"(got {q_spec} vs {kv_spec}); set config.model.attention_impl=blocked")
-  seg_spec = jax.sharding.PartitionSpec(q_spec[0], None)
-  out = jax.shard_map(_splash_local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec,
-                                                          seg_spec),
-                      out_specs=q_spec, check_vma=False)(q, k, v, qs, ks)
-  return out[:, :t]
+  """`blocked_attend`'s maths by the Pallas splash kernel, one call per (batch, head) shard.
+  Off TPU it runs only under `pltpu.force_tpu_interpret_mode()` (tests), row by row."""
+  tpu = shard.platform(mesh) == "tpu"
+  if not tpu:
+    shard.check_tpu_interpretable(mesh, "splash attention")
+  local = functools.partial(_splash_local, row_by_row=not tpu)
+  return shard.sharded_attend(local, q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT,
+                              mesh=mesh, multiple=128, name="splash attention")
+
+
+def auto_impl(platform: str) -> str:
+  """What "auto" runs on a mesh of `platform` devices: the fused kernel that honours causal
+  masking and segment ids there (splash on TPU, the Pallas GPU flash kernel on GPU), else the
+  blocked XLA attention. (cuDNN's fused attention is not used: `jax.nn.dot_product_attention`
+  takes packing's segments only as a dense [B, 1, T, T] mask, and no float32.)"""
+  return {"tpu": "splash", "gpu": "gpu_flash"}.get(platform, "blocked")
 
 
 def resolve(impl: str, mesh) -> str:
-  """The implementation `attend` runs: "auto" is splash on a TPU mesh, else blocked."""
+  """The implementation `attend` runs (`auto_impl` of the mesh's platform for "auto")."""
   if impl not in IMPLS:
     raise ValueError(f"config.model.attention_impl: must be one of {IMPLS}, got {impl!r}")
   if impl == "auto":
-    tpu = mesh is not None and mesh.devices.flat[0].platform == "tpu"
-    return "splash" if tpu else "blocked"
-  if impl == "splash" and mesh is None:
-    raise ValueError("config.model.attention_impl=splash needs the device mesh (TPU)")
+    return "blocked" if mesh is None else auto_impl(shard.platform(mesh))
+  if impl in ("splash", "gpu_flash") and mesh is None:
+    raise ValueError(f"config.model.attention_impl={impl} needs the device mesh")
   return impl
 
 
@@ -217,6 +221,8 @@ def attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, impl: st
   args = (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT)
   if impl == "splash":
     return splash_attend(*args, mesh=mesh)
+  if impl == "gpu_flash":
+    return attention_gpu.gpu_flash_attend(*args, mesh=mesh)
   if impl == "plain":
     return plain_attend(*args, chunk=block)
   return blocked_attend(*args, min(block, max(q_BxTxHxK.shape[1], 1)))

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from dapo_jax.models import hf_config
 from dapo_jax.models.hf_config import ARCHITECTURES, LLAMA3_KEYS
 
-ATTENTION_IMPLS = ("auto", "blocked", "splash", "plain")  # models/attention.py
+ATTENTION_IMPLS = ("auto", "blocked", "splash", "gpu_flash", "plain")  # models/attention.py
 MOE_IMPLS = ("grouped", "dense")  # models/moe.py
 _DTYPES = ("float32", "bfloat16", "float16")
 

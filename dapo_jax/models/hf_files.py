@@ -6,10 +6,11 @@ import contextlib
 import json
 import os
 import re
-from pathlib import Path
 
+from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
 from safetensors import SafetensorError, safe_open
 
+from dapo_jax import paths, remote_safetensors
 from dapo_jax.models.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -40,7 +41,7 @@ def tokenizer_vocab_size(path: str | os.PathLike) -> int | None:
   if (path / "tokenizer.json").is_file():
     from tokenizers import Tokenizer
     try:
-      return Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size(
+      return Tokenizer.from_str((path / "tokenizer.json").read_text()).get_vocab_size(
           with_added_tokens=True)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
       raise ValueError(f"{path / 'tokenizer.json'}: cannot be read ({e})") from e
@@ -93,7 +94,8 @@ def tensor_files(path: str | os.PathLike) -> dict[str, Path]:
 @contextlib.contextmanager
 def _open(file: Path):
   try:
-    handle = safe_open(str(file), framework="numpy")
+    handle = (remote_safetensors.RemoteFile(file) if paths.is_url(file) else
+              safe_open(str(file), framework="numpy"))
   except (SafetensorError, OSError) as e:
     raise ValueError(f"corrupt or unreadable safetensors file {file}: {e}") from e
   with handle as h:

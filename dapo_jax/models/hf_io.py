@@ -11,16 +11,15 @@ import contextlib
 import functools
 import json
 import os
-import shutil
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
-from safetensors.numpy import save_file
 
+from dapo_jax import paths, remote_safetensors
 from dapo_jax import sharding as shd
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.hf_files import (INDEX_FILE, check_tokenizer, read_config, read_tensor,
@@ -105,6 +104,8 @@ def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
 def _place(x: np.ndarray, sharding):
   """Host array -> device array with `sharding`; each device copies only its own shard
   (and, multi-host, each process only its addressable ones)."""
+  if isinstance(x, remote_safetensors.LazyTensor):  # behind a URL: each host reads its rows
+    return x.place(sharding)
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
@@ -205,7 +206,7 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   for fname, shard in shards:
     tensors = {name: get() for name, get, _ in shard}
     if write:
-      save_file(tensors, str(path / fname), metadata={"format": "pt"})
+      remote_safetensors.save_file(tensors, path / fname, metadata={"format": "pt"})
     weight_map.update({name: fname for name in tensors})
     del tensors
   if not write:
@@ -218,4 +219,4 @@ def save_pretrained(model: Qwen2, model_config: ModelConfig, path: str | os.Path
   if tokenizer_dir is not None:
     for f in TOKENIZER_FILES:
       if (Path(tokenizer_dir) / f).is_file():
-        shutil.copy2(Path(tokenizer_dir) / f, path / f)
+        paths.copy_file(Path(tokenizer_dir) / f, path / f)

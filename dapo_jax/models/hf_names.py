@@ -79,7 +79,10 @@ class ExpertSpec:
         "mlp.experts.down_proj" if self.proj == "down" else "mlp.experts.gate_up_proj")
 
   def load(self, read, has, j: int, ours: tuple[int, ...]) -> np.ndarray:
+    """Read whole (a tensor behind a URL comes as remote_safetensors.LazyTensor: `.numpy()`)."""
     e, a, b = ours
+    lazy = read
+    read = lambda name, shape: _eager(lazy(name, shape))  # noqa: E731
     if has(self.fused_name(j)):
       if self.proj == "down":
         x = read(self.fused_name(j), (e, b, a))
@@ -92,6 +95,10 @@ class ExpertSpec:
   def export_parts(self, shape: tuple[int, ...]) -> list:
     return [(self.name(j, x), (j, x), lambda y: np.ascontiguousarray(y.T))
             for j in range(shape[0]) for x in range(shape[1])]
+
+
+def _eager(x) -> np.ndarray:
+  return x.numpy() if hasattr(x, "numpy") else x
 
 
 def _mlp_specs(cfg: ModelConfig) -> list:

@@ -5,9 +5,11 @@ axes: each batch shard owns a contiguous range of N / shards pages, used only by
 rows). A sequence at position p keeps its token's K/V in page `table[b, p // page]` at offset
 `p % page`; table entries it does not hold point at its shard's null page (never allocated,
 the write target of free rows). Decode attention reads only the pages a row holds:
-- `attend_kernel` (TPU): the Pallas paged-attention kernel, under `shard_map` so each chip
-  runs it on its own rows, heads and pages; the layer is folded into the page index, so the
-  stacked pool is passed as it lies, never copied per layer;
+- `attend_kernel` (TPU / GPU): the Pallas paged-attention kernel of the platform (`KERNELS`:
+  jax's TPU kernel, or its GPU (Triton) kernel, which also splits a row's pages into
+  partitions run in parallel), under `shard_map` so each chip runs it on its own rows, heads
+  and pages; the layer is folded into the page index, so the stacked pool is passed as it
+  lies, never copied per layer;
 - `attend_reference` (elsewhere): gathers the row's pages up to the live bucket (the smallest
   of `layers.decode_buckets` holding every row's position, in pages) and attends, so cost
   follows the context as the dense cache does.
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from dapo_jax import sharding as sharding_lib
+from dapo_jax.models import attention_shard
 from dapo_jax.models import layers as L
 
 # Logical axes of each pool array [Kv, L, N, page, Hd].
@@ -32,19 +35,35 @@ PAGE_AXES = ("kv_heads", "layers", "batch", None, "head_dim")
 _MASKED = -1e30  # as models/layers.py: finite, so a row with no visible key is junk, not NaN
 
 
+KERNELS = ("tpu", "gpu")  # the Pallas paged-attention kernels `attend_kernel` can run
+GPU_BLOCK_H = 16  # query heads per block of the GPU kernel (its minimum; a group is padded)
+
+
 @dataclasses.dataclass(frozen=True)
 class PagedSpec:
   """Static facts of a paged decode: page size (tokens), the row length limit (max_len), and
-  whether attention runs the Pallas kernel (on `mesh`, `pages_per_block` pages per block)."""
+  which attention runs: kernel "" = the reference gather, or one of `KERNELS` (on `mesh`,
+  `pages_per_block` pages per block)."""
   page_size: int
   max_len: int
-  kernel: bool = False
+  kernel: str = ""
   mesh: object = None
   pages_per_block: int = 1
+
+  def __post_init__(self):
+    if self.kernel not in ("", *KERNELS):
+      raise ValueError(f"PagedSpec.kernel: must be '' (reference) or one of {KERNELS}, got "
+                       f"{self.kernel!r}")
 
   @property
   def pages_per_seq(self) -> int:
     return -(-self.max_len // self.page_size)
+
+  @property
+  def gpu_splits(self) -> int:
+    """Partitions of a row's pages the GPU kernel runs in parallel (flash-decoding)."""
+    blocks = self.pages_per_seq // self.pages_per_block
+    return max(n for n in (16, 8, 4, 2, 1) if blocks % n == 0)
 
 
 def init_pages(cfg, num_pages: int, page_size: int, dtype) -> dict:
@@ -121,9 +140,26 @@ def _kernel_specs(spec: PagedSpec, num_heads: int, num_kv: int, stacked: bool):
   return batch, heads, pool
 
 
-def attend_kernel(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer, spec):
-  """The Pallas paged-attention kernel over the rows' pages (TPU; see the module doc)."""
+def _tpu_kernel(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP, spec):
   from jax.experimental.pallas.ops.tpu import paged_attention as pa  # pylint: disable=import-outside-toplevel
+  return pa.paged_attention(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP,
+                            pages_per_compute_block=spec.pages_per_block)
+
+
+def _gpu_kernel(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP, spec):
+  """jax's Pallas GPU kernel; off a GPU in Pallas' interpret mode (tests on CPU)."""
+  from jax.experimental.pallas.ops.gpu import paged_attention as pg  # pylint: disable=import-outside-toplevel
+  return pg.paged_attention(q_BxHxK, k_pages, v_pages, table_BxP, lengths_B,
+                            block_h=GPU_BLOCK_H, pages_per_compute_block=spec.pages_per_block,
+                            k_splits=spec.gpu_splits,
+                            interpret=attention_shard.platform(spec.mesh) != "gpu")
+
+
+def attend_kernel(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer, spec):
+  """The platform's Pallas paged-attention kernel over the rows' pages (see the module doc)."""
+  if spec.kernel == "tpu":
+    attention_shard.check_tpu_interpretable(spec.mesh, "paged attention (TPU kernel)")
+  kernel = _gpu_kernel if spec.kernel == "gpu" else _tpu_kernel
   b, _, h, hd = q_Bx1xHxK.shape
   stacked = layer is not None
   batch, heads, pool = _kernel_specs(spec, h, k_pages.shape[0], stacked)
@@ -138,8 +174,7 @@ def attend_kernel(q_Bx1xHxK, k_pages, v_pages, table_BxP, positions_B, layer, sp
       npg = kp.shape[1]
     shard = jax.lax.axis_index(batch) if batch else 0
     idx = table - shard * npg + lay * npg  # global page ids -> this shard's (layer's) pages
-    return pa.paged_attention(q, kp, vp, lengths, idx,
-                              pages_per_compute_block=spec.pages_per_block)
+    return kernel(q, kp, vp, lengths, idx, spec)
 
   o = jax.shard_map(local, mesh=spec.mesh,
                     in_specs=(P(batch, heads, None), pool, pool, P(batch, None), P(batch), P()),

@@ -5,7 +5,7 @@ import numpy as np
 
 from dapo_jax.rewards import math_answer
 
-# Swappable reward functions chosen by a config string (STYLE.md item 11).
+# Swappable reward functions chosen by a config string (docs/design.md, "Conventions").
 REWARD_FNS = {"math_answer": math_answer.score}
 
 

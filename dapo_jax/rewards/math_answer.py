@@ -76,12 +76,6 @@ def extract_answer(text: str) -> str | None:
   return _last_boxed(s) or None
 
 
-def as_integer(s: str) -> str | None:
-  """Canonical integer string ('-12', '0') if s is exactly one integer after decorations."""
-  n = answer_forms.as_number(s)
-  return n if n is not None and "." not in n else None
-
-
 def normalize_string(s: str) -> str:
   """The comparison key of a non-numeric answer ('' when it has none)."""
   return answer_forms.normalize_string(s) or ""

@@ -8,6 +8,8 @@ slot count is the decode batch (rollout.num_slots over the hosts), not bounded b
 import jax
 import jax.numpy as jnp
 
+from dapo_jax import sharding
+
 GiB = 1024 ** 3
 
 
@@ -29,7 +31,7 @@ def sampler_slots(*, num_slots: int, kv_cache_gib: float, group_size: int, mcfg,
     return _paged_slots(num_slots, group_size, mesh_shape, hosts)
   if kv_cache_gib == 0:
     return num_slots
-  shards = mesh_shape["data"] * mesh_shape["fsdp"]
+  shards = sharding.batch_shards(mesh_shape)
   per_slot = slot_bytes_per_chip(mcfg, max_len=max_len, tensor=mesh_shape["tensor"])
   per_shard = int(kv_cache_gib * GiB // per_slot)
   slots = min(num_slots, per_shard * shards) // shards * shards
@@ -43,7 +45,7 @@ def sampler_slots(*, num_slots: int, kv_cache_gib: float, group_size: int, mcfg,
 
 
 def _paged_slots(num_slots: int, group_size: int, mesh_shape, hosts: int) -> int:
-  shards = mesh_shape["data"] * mesh_shape["fsdp"]
+  shards = sharding.batch_shards(mesh_shape)
   per_host = num_slots // hosts
   if num_slots % hosts or per_host % shards or per_host < group_size:
     raise ValueError(
@@ -59,7 +61,7 @@ def sampler_pages(*, kv_cache_gib: float, mcfg, max_len: int, page_size: int,
   None when kv_cache_gib is 0 (the engine's default: every slot at max_len)."""
   if kv_cache_gib == 0:
     return None
-  shards = mesh_shape["data"] * mesh_shape["fsdp"]
+  shards = sharding.batch_shards(mesh_shape)
   per_page = slot_bytes_per_chip(mcfg, max_len=page_size, tensor=mesh_shape["tensor"])
   per_shard = int(kv_cache_gib * GiB // per_page)
   pps = -(-max_len // page_size)
@@ -75,12 +77,14 @@ def build_sampler(cfg, model, mcfg, mesh):
   """The run's GroupSampler on `mesh` (one host's sampler), its slots and pages from the
   budget (rollout.kv_cache_gib, rollout.num_slots over the processes)."""
   from dapo_jax.rollout.sampler import make_sampler  # pylint: disable=import-outside-toplevel
-  r = cfg.rollout
-  slots = sampler_slots(num_slots=r.num_slots, kv_cache_gib=r.kv_cache_gib,
-                        group_size=r.group_size, mcfg=mcfg, max_len=cfg.seq_len,
-                        mesh_shape=mesh.shape, paged=r.paged_kv, hosts=jax.process_count())
-  pages = sampler_pages(kv_cache_gib=r.kv_cache_gib, mcfg=mcfg, max_len=cfg.seq_len,
-                        page_size=r.page_size, mesh_shape=mesh.shape) if r.paged_kv else None
+  rollout = cfg.rollout
+  slots = sampler_slots(num_slots=rollout.num_slots, kv_cache_gib=rollout.kv_cache_gib,
+                        group_size=rollout.group_size, mcfg=mcfg, max_len=cfg.seq_len,
+                        mesh_shape=mesh.shape, paged=rollout.paged_kv, hosts=jax.process_count())
+  pages = None
+  if rollout.paged_kv:
+    pages = sampler_pages(kv_cache_gib=rollout.kv_cache_gib, mcfg=mcfg, max_len=cfg.seq_len,
+                          page_size=rollout.page_size, mesh_shape=mesh.shape)
   return make_sampler(model, num_slots=slots, max_prompt_len=cfg.task.max_prompt_len,
-                      max_len=cfg.seq_len, mesh=mesh, paged_kv=r.paged_kv,
-                      page_size=r.page_size, num_pages=pages)
+                      max_len=cfg.seq_len, mesh=mesh, paged_kv=rollout.paged_kv,
+                      page_size=rollout.page_size, num_pages=pages)

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax import sharding as sharding_lib
 from dapo_jax.models import paged as paged_lib
 from dapo_jax.models import qwen2
 from dapo_jax.rollout import sampling, state as state_lib
 from dapo_jax.rollout.state import DecodeState, Prefix
 
 LAYER_LOOPS = ("auto", "unrolled", "scan")
-PAGED_IMPLS = ("auto", "kernel", "reference")
+PAGED_IMPLS = ("auto", "kernel", "tpu_kernel", "gpu_kernel", "reference")
 
 
 def step(graphdef, params, rest, st: DecodeState, layer_params=None, table_BxP=None,
@@ -70,19 +71,19 @@ def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, tabl
     return (i < max_steps) & jnp.any(s.active_B) & ~(stop_on_finish & finished)
 
   def body(carry):
-    i, s, tok_BxK, logp_BxK, _ = carry
+    i, s, tok_BxC, logp_BxC, _ = carry
     s, tok_B, logp_B, valid_B = step(graphdef, params, rest, s, layer_params, table_BxP, paged)
-    tok_BxK = jax.lax.dynamic_update_slice(tok_BxK, tok_B[:, None], (0, i))
-    logp_BxK = jax.lax.dynamic_update_slice(logp_BxK, logp_B[:, None], (0, i))
-    return i + 1, s, tok_BxK, logp_BxK, jnp.any(valid_B & ~s.active_B)
+    tok_BxC = jax.lax.dynamic_update_slice(tok_BxC, tok_B[:, None], (0, i))
+    logp_BxC = jax.lax.dynamic_update_slice(logp_BxC, logp_B[:, None], (0, i))
+    return i + 1, s, tok_BxC, logp_BxC, jnp.any(valid_B & ~s.active_B)
 
   init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
           jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
-  steps, st, tok_BxK, logp_BxK, _ = jax.lax.while_loop(cond, body, init)
+  steps, st, tok_BxC, logp_BxC, _ = jax.lax.while_loop(cond, body, init)
   if per_layer:
     stack = paged_lib.stack_pages if paged else qwen2.stack_cache
     st = st.replace(cache=stack(st.cache["k"], st.cache["v"]))
-  return st, dict(tokens_BxK=tok_BxK, logp_BxK=logp_BxK, steps=steps, gen_len_B=st.gen_len_B,
+  return st, dict(tokens_BxC=tok_BxC, logp_BxC=logp_BxC, steps=steps, gen_len_B=st.gen_len_B,
                   active_B=st.active_B)
 
 
@@ -96,42 +97,59 @@ def per_layer_decode(mesh, layer_loop: str = "auto") -> bool:
   return layer_loop == "unrolled"
 
 
-def batch_shards(mesh) -> int:
-  """Shards of the decode batch (mesh axes data x fsdp, those the mesh has)."""
-  return mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+def _kernel_misfit(kernel: str, head_dim: int, page_size: int, pages_per_block: int):
+  """Why `kernel`'s block rules refuse these shapes, or None: the TPU kernel wants head_dim a
+  multiple of 128 (its lane width); the GPU (Triton) kernel power-of-two tiles of >= 16 for
+  its matmuls (head_dim, and the pages of one block: page_size x pages_per_block tokens)."""
+  if kernel == "tpu" and head_dim % 128:
+    return f"the TPU kernel needs head_dim a multiple of 128, got {head_dim}"
+  pow2 = lambda n: n >= 16 and n & (n - 1) == 0
+  if kernel == "gpu" and not (pow2(head_dim) and pow2(page_size * pages_per_block)):
+    return (f"the GPU kernel needs head_dim and page_size x pages per block powers of two >= "
+            f"16, got {head_dim} and {page_size} x {pages_per_block}")
+  return None
+
+
+def paged_kernel(impl: str, *, platform: str, head_dim: int, page_size: int,
+                 pages_per_block: int) -> str:
+  """Which decode attention a paged engine runs on a mesh of `platform` devices: "" (the
+  reference gather) or a `paged.KERNELS` entry. impl "kernel" = the platform's kernel (the
+  TPU one off GPU), "tpu_kernel" / "gpu_kernel" = that one (off its platform in interpret
+  mode: the TPU kernel only under `pltpu.force_tpu_interpret_mode`), "auto" = the platform's
+  kernel on TPU and GPU when its block rules hold (`_kernel_misfit`), else the reference."""
+  if impl not in PAGED_IMPLS:
+    raise ValueError(f"paged_impl: must be one of {PAGED_IMPLS}, got {impl!r}")
+  native = platform if platform in paged_lib.KERNELS else ""
+  want = {"reference": "", "auto": native, "kernel": "gpu" if platform == "gpu" else "tpu",
+          "tpu_kernel": "tpu", "gpu_kernel": "gpu"}[impl]
+  misfit = want and _kernel_misfit(want, head_dim, page_size, pages_per_block)
+  if misfit and impl != "auto":
+    raise ValueError(f"paged_impl: {misfit}")
+  return "" if misfit else want
 
 
 def paged_spec(mesh, *, max_len: int, slots: int, page_size: int, head_dim: int,
                impl: str = "auto") -> paged_lib.PagedSpec:
-  """The page layout of a paged engine on `mesh`. impl: "kernel" (the Pallas kernel, 8 pages
-  or the most that divide a row's page count per block; off TPU only under
-  `pltpu.force_tpu_interpret_mode`), "reference", or "auto" = the kernel on TPU meshes when
-  head_dim is a multiple of 128 (the kernel's lane width), else the reference. Slots must
-  split over the batch shards (each owns its rows' pages)."""
-  if impl not in PAGED_IMPLS:
-    raise ValueError(f"paged_impl: must be one of {PAGED_IMPLS}, got {impl!r}")
-  if impl == "kernel" and head_dim % 128:
-    raise ValueError(f"paged_impl: the Pallas kernel needs head_dim a multiple of 128, got "
-                     f"{head_dim}")
+  """The page layout of a paged engine on `mesh`: pages per kernel block (8, or the most that
+  divide a row's page count) and the decode attention (`paged_kernel`). Slots must split over
+  the batch shards (each owns its rows' pages)."""
   if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
     raise ValueError(f"page_size: must be a positive int (tokens), got {page_size!r}")
-  shards = batch_shards(mesh)
+  pps = -(-max_len // page_size)
+  block = max(n for n in (8, 4, 2, 1) if pps % n == 0)
+  kernel = paged_kernel(impl, platform=mesh.devices.flat[0].platform, head_dim=head_dim,
+                        page_size=page_size, pages_per_block=block)
+  shards = sharding_lib.batch_shards(mesh)
   if slots % shards:
     raise ValueError(f"num_slots: {slots} slots do not split over the {shards} batch shards "
                      "of the mesh (a paged cache keeps each shard's rows in its own pages)")
-  pps = -(-max_len // page_size)
-  block = max(n for n in (8, 4, 2, 1) if pps % n == 0)
-  return paged_lib.PagedSpec(page_size=page_size, max_len=max_len,
-                             kernel=impl == "kernel" or (
-                                 impl == "auto" and head_dim % 128 == 0
-                                 and mesh.devices.flat[0].platform == "tpu"),
-                             mesh=mesh,
+  return paged_lib.PagedSpec(page_size=page_size, max_len=max_len, kernel=kernel, mesh=mesh,
                              pages_per_block=block)
 
 
 def pool_pages(mesh, spec: paged_lib.PagedSpec, *, slots: int, num_pages: int | None) -> int:
   """Pool size: num_pages, or by default every slot at max_len plus a null page per shard."""
-  shards = batch_shards(mesh)
+  shards = sharding_lib.batch_shards(mesh)
   if num_pages is None:
     return slots * spec.pages_per_seq + shards
   if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages % shards or (

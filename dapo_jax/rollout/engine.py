@@ -21,7 +21,7 @@ from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
 from dapo_jax.rollout import device_fns, sampling, state as state_lib, tokenizer as tokenizer_lib
-from dapo_jax.rollout.transfer import transfer_params
+from dapo_jax.rollout import transfer
 from dapo_jax.rollout.state import DecodeState, Prefix
 
 
@@ -63,8 +63,8 @@ class Engine(engine_api.Engine):
   paged_kv: keep K/V in a page pool (`models/paged.py`; the group sampler allocates the pages,
     JetStream's orchestrator needs the dense cache) of num_pages pages of page_size tokens
     (None = every slot at max_len, plus one null page per batch shard). paged_impl: one of
-    device_fns.PAGED_IMPLS ("auto" = the Pallas kernel on TPU when head_dim is a multiple of
-    128, else the reference gather).
+    device_fns.PAGED_IMPLS ("auto" = the platform's Pallas kernel on TPU and GPU where its block
+    rules hold, else the reference gather; `device_fns.paged_kernel`).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
@@ -92,11 +92,11 @@ class Engine(engine_api.Engine):
         mesh, self._paged, slots=self._num_slots, num_pages=num_pages)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
-    self._param_shardings = _param_shardings(model, mesh)
+    self._param_shardings = transfer.param_shardings(model, mesh)
     # Weights are kept in the compute dtype (the model casts to it anyway). The engine owns its
     # copy: a trainer that donates its own buffers can never delete the sampler's.
     self._dtype = jnp.dtype(model.cfg.dtype)
-    self._params = transfer_params(params, self._param_shardings, self._dtype)
+    self._params = transfer.transfer_params(params, self._param_shardings, self._dtype)
     self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
                                 may_alias=False)
     self._compile(graphdef)
@@ -145,25 +145,11 @@ class Engine(engine_api.Engine):
     (only when nothing else holds it: the sampler's weight sync)."""
     if params is None:
       return self._params
-    want, treedef = jax.tree_util.tree_flatten_with_path(self._params)
-    got = {_name(k): x for k, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    names = [_name(k) for k, _ in want]
-    if set(got) != set(names):
-      raise ValueError(f"params: tree does not match the engine's; missing "
-                       f"{sorted(set(names) - set(got))[:5]}, unexpected "
-                       f"{sorted(set(got) - set(names))[:5]}")
-    leaves = []
-    for name, (_, w) in zip(names, want):
-      x = got[name]
-      if tuple(getattr(x, "shape", ())) != tuple(w.shape):
-        raise ValueError(f"params{name}: shape {tuple(getattr(x, 'shape', ()))} does not "
-                         f"match the engine's {tuple(w.shape)}")
-      leaves.append(x)
+    matched = transfer.match_tree(params, self._params)
     if free_old:
       old, self._params = self._params, None
       jax.tree.map(lambda x: x.delete(), old)
-    self._params = transfer_params(jax.tree.unflatten(treedef, leaves), self._param_shardings,
-                                   self._dtype)
+    self._params = transfer.transfer_params(matched, self._param_shardings, self._dtype)
     return self._params
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> Prefix:
@@ -295,7 +281,7 @@ class Engine(engine_api.Engine):
 
   @property
   def batch_shards(self) -> int:
-    return device_fns.batch_shards(self._mesh)
+    return sharding_lib.batch_shards(self._mesh)
 
   @property
   def steps_per_call(self) -> int:
@@ -324,13 +310,3 @@ def _pad_writes(writes, n: int, num_pages: int) -> tuple:
     raise ValueError(f"page_writes: {w.shape[0]} page copies exceed the insert's {n}")
   return _pad(w[:, 0], n, 0), _pad(w[:, 1], n, 0), _pad(w[:, 2], n, num_pages)
 
-
-def _name(path) -> str:
-  """A leaf's path as text, without nnx's trailing `.value` (so pure dicts match too)."""
-  name = jax.tree_util.keystr(path)
-  return name[:-len(".value")] if name.endswith(".value") else name
-
-
-def _param_shardings(model, mesh):
-  """NamedShardings of the model's nnx.Param leaves on `mesh` (the logical-axis rules table)."""
-  return nnx.filter_state(sharding_lib.model_shardings(model, mesh), nnx.Param)

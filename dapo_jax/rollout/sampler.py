@@ -6,15 +6,22 @@ order; when one ends (EOS or its length budget) its slot takes the next queued s
 next decode step (an Orca-style scheduler: the long tail of one group overlaps with new work).
 Every sample draws token t with the key fold_in(fold_in(fold_in(seed, prompt), sample), t), so
 results do not depend on which slot runs a sample or when it finishes.
+
+The weights are the engine's at each device call: `between_chunks` (a partial rollout's weight
+sync, train/pipeline.py) may replace them between two decode chunks, and every token records
+the policy version that drew it. In-flight sequences keep the KV entries of their earlier
+tokens (computed under the older weights) rather than being prefilled again.
 """
 import dataclasses
 import math
 import numbers
 import time
+from typing import Callable
 
 import jax
 import numpy as np
 
+from dapo_jax.rollout import book as book_lib
 from dapo_jax.rollout import flops
 from dapo_jax.rollout import pages
 from dapo_jax.rollout import sampling
@@ -26,21 +33,17 @@ class GroupRollout:
   """Samples of N prompts x G, right-padded to T = max_new_tokens (numpy, host).
 
   tokens: int32 [N, G, T], 0 after the end. logprobs: float32 [N, G, T], behaviour log-prob of
-  each token under the full temperature-scaled distribution, 0 on padding. lengths: int32 [N, G],
-  EOS included when produced. truncated: bool [N, G], stopped by max_new_tokens or max_len
-  without EOS. stats: scheduler figures (see GroupSampler.sample_groups).
+  each token under the full temperature-scaled distribution, 0 on padding. versions: int32
+  [N, G, T], the policy version (`GroupSampler.version`) that drew each token, 0 on padding.
+  lengths: int32 [N, G], EOS included when produced. truncated: bool [N, G], stopped by
+  max_new_tokens or max_len without EOS. stats: scheduler figures (see sample_groups).
   """
   tokens: np.ndarray
   logprobs: np.ndarray
+  versions: np.ndarray
   lengths: np.ndarray
   truncated: np.ndarray
   stats: dict
-
-  @property
-  def mask(self) -> np.ndarray:
-    """bool [N, G, T]: True on response tokens."""
-    t = self.tokens.shape[-1]
-    return np.arange(t)[None, None, :] < self.lengths[:, :, None]
 
 
 def _int_arg(value, name: str, lo: int, hi: int | None = None) -> int:
@@ -56,13 +59,16 @@ class GroupSampler:
 
   def __init__(self, engine: Engine, *, prefill_batch: int | None = None):
     self.engine = engine
+    self.version = 0  # the policy version of the engine's weights (the trainer's step count)
     self._prefill_batch = (None if prefill_batch is None
                            else _int_arg(prefill_batch, "prefill_batch", 1))
 
-  def update_params(self, params) -> None:
+  def update_params(self, params, version: int | None = None) -> None:
     """Weight sync: the trainer's nnx.Param state (any mesh, any processes) moved
-    device-to-device onto the sampler's mesh in its dtype; the old copy is freed first."""
+    device-to-device onto the sampler's mesh in its dtype; the old copy is freed first.
+    `version` (default: one more than now) is recorded on every token drawn from then on."""
     self.engine.load_params(params, free_old=True)
+    self.version = self.version + 1 if version is None else int(version)
 
   def _check_counts(self, group_size, max_new_tokens, prompt_offset) -> tuple[int, int, int]:
     g = _int_arg(group_size, "group_size", 1)
@@ -98,11 +104,14 @@ class GroupSampler:
 
   def sample_groups(self, prompts, *, group_size: int, max_new_tokens: int,
                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                    eos_ids=(), prompt_offset: int = 0) -> GroupRollout:
+                    eos_ids=(), prompt_offset: int = 0,
+                    between_chunks: Callable[[], None] | None = None) -> GroupRollout:
     """Samples group_size responses for every prompt (a list of token-id lists).
 
     prompt_offset: index of the first prompt in the RNG fold (a host sampling prompts
     [o, o + n) of a larger batch draws the same samples as one host sampling the whole batch).
+    between_chunks: called after every decode chunk; it may sync new weights
+    (`update_params`), which the next chunk and every later token use (partial rollouts).
 
     stats: decode_steps (batched decode steps run), generate_calls (device calls of up to
     steps_per_call steps), slot_utilisation (generated tokens / (decode_steps x slots)),
@@ -121,10 +130,10 @@ class GroupSampler:
     pool = None if eng.paged is None else pages.PagePool(
         num_pages=eng.num_pages, shards=eng.batch_shards, slots=b,
         page_size=eng.paged.page_size, max_len=eng.max_len)
-    run = _Run(rows=rows, g=g, t_max=t_max, offset=offset, params=eng.params,
+    run = _SampleCall(rows=rows, g=g, t_max=t_max, offset=offset,
                np_batch=self._prefill_batch or min(math.ceil(b / g), n),
-               book=_Book(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids), pool=pool,
-               queue=_Queue(n * g), st=eng.init_decode_state(sp))
+               book=book_lib.SlotBook(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids), pool=pool,
+               queue=book_lib.SampleQueue(n * g), st=eng.init_decode_state(sp))
     while True:
       self._refill(run)
       if not run.book.busy():
@@ -133,22 +142,24 @@ class GroupSampler:
         break
       if pool is not None:
         self._grow(run)
-      run.st, out = eng.generate_chunk(run.params, run.st, stop_on_finish=run.queue.pending(),
+      run.st, out = eng.generate_chunk(eng.params, run.st, stop_on_finish=run.queue.pending(),
                                        page_table=None if pool is None else pool.table)
       out = jax.device_get(out)
       run.chunks += 1
       run.steps += int(out["steps"])
-      for slot in run.book.collect(out):
+      for slot in run.book.record_chunk(out, self.version):
         if pool is not None:
           pool.release(slot)
+      if between_chunks is not None:
+        between_chunks()
 
     stats = _stats(eng.cfg, run, [r.size for r in rows], slots=b,
                    wall=time.perf_counter() - t0)
     book = run.book
-    return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, lengths=book.lengths,
-                        truncated=book.truncated, stats=stats)
+    return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, versions=book.versions,
+                        lengths=book.lengths, truncated=book.truncated, stats=stats)
 
-  def _refill(self, run: "_Run") -> None:
+  def _refill(self, run: "_SampleCall") -> None:
     """Inserts queued samples (preempted ones first, then in (prompt, sample) order) into free
     slots before the next step, prefilling their prompts' batch when it is not the current
     one; a paged engine admits a sample only while its shard has pages for it."""
@@ -157,7 +168,7 @@ class GroupSampler:
       ids = run.queue.peek(len(book.free))
       if run.prefix is None or not run.pb_start <= ids[0] // g < run.pb_start + run.np_batch:
         run.pb_start = int(ids[0] // g)
-        run.prefix = self._prefill(run.params, run.rows, run.pb_start, run.np_batch)
+        run.prefix = self._prefill(eng.params, run.rows, run.pb_start, run.np_batch)
         run.prefill_calls += 1
       inside = (ids // g >= run.pb_start) & (ids // g < run.pb_start + run.np_batch)
       ids = ids[:int(np.argmin(inside)) if not inside.all() else ids.size]
@@ -173,7 +184,7 @@ class GroupSampler:
       run.st = st
       run.queue.take(ids.size)
 
-  def _admit(self, run: "_Run", ids):
+  def _admit(self, run: "_SampleCall", ids):
     """The leading samples of `ids` the pool takes into the next free slots, and the page
     copies their insert makes (prefix row, prompt page, pool page)."""
     writes, taken = [], 0
@@ -186,7 +197,7 @@ class GroupSampler:
       taken += 1
     return ids[:taken], writes
 
-  def _grow(self, run: "_Run") -> None:
+  def _grow(self, run: "_SampleCall") -> None:
     """Pages for every live row's next steps_per_call positions, oldest admitted first; when
     a shard runs out, its youngest sample is preempted (pages returned, re-run later from its
     start: its tokens are keyed by (prompt, sample, t), so it draws them again)."""
@@ -218,7 +229,7 @@ class GroupSampler:
     return self.engine.prefill_batch(params, toks, lens)
 
 
-def _stats(cfg, run: "_Run", prompt_lens, *, slots, wall) -> dict:
+def _stats(cfg, run: "_SampleCall", prompt_lens, *, slots, wall) -> dict:
   """sample_groups' stats (see its docstring)."""
   gen, g = int(run.book.lengths.sum()), run.g
   return dict(
@@ -232,17 +243,16 @@ def _stats(cfg, run: "_Run", prompt_lens, *, slots, wall) -> dict:
 
 
 @dataclasses.dataclass
-class _Run:
+class _SampleCall:
   """The state of one sample_groups call."""
   rows: list
   g: int
   t_max: int
   offset: int
-  params: object
   np_batch: int
-  book: "_Book"
+  book: book_lib.SlotBook
   pool: object                # rollout.pages.PagePool, or None for the dense cache
-  queue: "_Queue"
+  queue: book_lib.SampleQueue
   st: object                  # the DecodeState
   prefix: object = None
   pb_start: int = -1
@@ -250,82 +260,6 @@ class _Run:
   chunks: int = 0
   prefill_calls: int = 0
   preemptions: int = 0
-
-
-class _Queue:
-  """Samples waiting for a slot: preempted ones (lowest first), then [next, total)."""
-
-  def __init__(self, total: int):
-    self.next, self.total, self.back = 0, total, []
-
-  def pending(self) -> bool:
-    return bool(self.back) or self.next < self.total
-
-  def peek(self, k: int) -> np.ndarray:
-    head = sorted(self.back)[:k]
-    return np.asarray(head + list(range(self.next, min(self.total, self.next + k - len(head)))),
-                      np.int64)
-
-  def take(self, k: int) -> None:
-    self.back = sorted(self.back)
-    k_back = min(k, len(self.back))
-    self.back, self.next = self.back[k_back:], self.next + k - k_back
-
-  def requeue(self, sample: int) -> None:
-    self.back.append(int(sample))
-
-
-class _Book:
-  """Host bookkeeping of one sample_groups call: which sample each slot holds, and the outputs."""
-
-  def __init__(self, *, n: int, g: int, t_max: int, slots: int, eos: tuple[int, ...]):
-    self.g, self.eos = g, np.asarray(eos, np.int64)
-    self.tokens = np.zeros((n, g, t_max), np.int32)
-    self.logprobs = np.zeros((n, g, t_max), np.float32)
-    self.lengths = np.zeros((n, g), np.int32)
-    self.truncated = np.zeros((n, g), bool)
-    self.owner = np.full((slots,), -1, np.int64)  # flat sample id (prompt * G + sample) or -1
-    self.admitted = np.zeros((slots,), np.int64)  # admission order of the slot's sample
-    self.count = 0
-    self.received = np.zeros((slots,), np.int64)  # tokens already copied out of the slot
-    self.free = list(range(slots))  # lowest slot first
-
-  def busy(self) -> bool:
-    return bool((self.owner >= 0).any())
-
-  def assign(self, ids: np.ndarray) -> list[int]:
-    slots, self.free = self.free[:ids.size], self.free[ids.size:]
-    self.owner[slots], self.received[slots] = ids, 0
-    self.admitted[slots] = self.count + np.arange(ids.size)
-    self.count += ids.size
-    return slots
-
-  def requeue(self, slot: int) -> int:
-    """Frees a preempted sample's slot (its tokens are drawn again); returns the sample."""
-    sample = int(self.owner[slot])
-    self.owner[slot], self.received[slot] = -1, 0
-    self.free = sorted(self.free + [slot])
-    return sample
-
-  def collect(self, out: dict) -> list:
-    """Copies a chunk's new tokens out of the live slots (vectorised); frees finished slots
-    and returns them."""
-    live = np.nonzero(self.owner >= 0)[0]
-    now = out["gen_len_B"][live].astype(np.int64)
-    got = self.received[live]
-    pi, gi = np.divmod(self.owner[live], self.g)
-    k_max = out["tokens_BxK"].shape[1]
-    r, k = np.nonzero(np.arange(k_max)[None, :] < (now - got)[:, None])
-    self.tokens[pi[r], gi[r], got[r] + k] = out["tokens_BxK"][live[r], k]
-    self.logprobs[pi[r], gi[r], got[r] + k] = out["logp_BxK"][live[r], k]
-    self.received[live] = now
-    done = ~out["active_B"][live]
-    dp, dg, dn = pi[done], gi[done], now[done]
-    self.lengths[dp, dg] = dn
-    self.truncated[dp, dg] = ~np.isin(self.tokens[dp, dg, dn - 1], self.eos)
-    self.owner[live[done]] = -1
-    self.free = sorted(self.free + live[done].tolist())
-    return live[done].tolist()
 
 
 def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,

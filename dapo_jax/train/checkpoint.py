@@ -12,12 +12,14 @@ restores the first whose files all match and whose arrays are finite; each rejec
 reported by name and moved to `<workdir>/corrupt_checkpoints/` (so the run can save that step
 again). A save that fails (disk full, unwritable directory) raises CheckpointError naming the path,
 and no temporary directory is left behind.
+
+The directory may be local or a bucket (gs://): every file access goes through dapo_jax.paths.
+In a bucket orbax has no rename to commit with; it writes the step in place and commits it with
+a `commit_success.txt` written after the callback, so the manifest is written into the step
+directory itself there.
 """
-import glob
 import hashlib
 import json
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from dapo_jax import paths
 from dapo_jax.train import checkpoint_dirs
 
 MANIFEST = "dapo_sha256.json"
@@ -38,53 +41,49 @@ class CheckpointError(RuntimeError):
   """A save or restore that cannot go on; the message names the path and what to do."""
 
 
-def _sha256(path: str) -> str:
+def _sha256(path) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with paths.resolve(path).open("rb") as f:
     for chunk in iter(lambda: f.read(1 << 22), b""):
       h.update(chunk)
   return h.hexdigest()
 
 
-def _files(step_dir: str) -> list[str]:
-  out = []
-  for root, _, names in os.walk(step_dir):
-    out += [os.path.relpath(os.path.join(root, n), step_dir) for n in names]
-  return sorted(f for f in out if not f.startswith(MANIFEST))
+def _size(path) -> int:
+  return int(paths.resolve(path).stat().length)
 
 
-def write_manifest(step_dir: str) -> None:
+def _files(step_dir) -> list[str]:
+  return [f for f in paths.relative_files(step_dir) if not f.startswith(MANIFEST)]
+
+
+def write_manifest(step_dir) -> None:
   """Writes `step_dir/dapo_sha256.json`: {relative path: [bytes, sha256]} of every file."""
+  step_dir = paths.resolve(step_dir)
   entries = {}
   for rel in _files(step_dir):
-    path = os.path.join(step_dir, rel)
-    entries[rel] = [None, None] if rel in MUTABLE else [os.path.getsize(path), _sha256(path)]
-  tmp = os.path.join(step_dir, MANIFEST + ".partial")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(entries, f, indent=0, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+    path = step_dir / rel
+    entries[rel] = [None, None] if rel in MUTABLE else [_size(path), _sha256(path)]
+  paths.write_text(step_dir / MANIFEST, json.dumps(entries, indent=0, sort_keys=True))
 
 
-def verify(step_dir: str) -> str | None:
+def verify(step_dir) -> str | None:
   """None when every file in the step's manifest has its saved size and sha256; else why not."""
-  path = os.path.join(step_dir, MANIFEST)
-  if not os.path.exists(path):
+  step_dir = paths.resolve(step_dir)
+  if not (step_dir / MANIFEST).exists():
     return f"no {MANIFEST} (its save never completed)"
   try:
-    with open(path, encoding="utf-8") as f:
-      entries = json.load(f)
+    entries = json.loads((step_dir / MANIFEST).read_text())
   except (OSError, ValueError) as e:
     return f"unreadable {MANIFEST}: {e}"
   for rel, (size, digest) in sorted(entries.items()):
-    file = os.path.join(step_dir, rel)
-    if not os.path.isfile(file):
+    file = step_dir / rel
+    if not file.exists() or file.is_dir():
       return f"{rel} is missing"
     if size is None:
       continue
-    if os.path.getsize(file) != size:
-      return f"{rel} has {os.path.getsize(file)} bytes, {size} when saved (truncated or altered)"
+    if _size(file) != size:
+      return f"{rel} has {_size(file)} bytes, {size} when saved (truncated or altered)"
     if _sha256(file) != digest:
       return f"{rel} does not match its sha256 from the save (altered)"
   return None
@@ -115,19 +114,25 @@ def _first_line(e: BaseException) -> str:
   return text.splitlines()[0][:500]
 
 
+def _probe(directory: str) -> None:
+  """Creates `directory` and writes, then removes, a file there (removed even when the write
+  fails, e.g. on a full disk): OSError when it cannot be used."""
+  probe = paths.makedirs(directory) / ".write_probe"
+  try:
+    probe.write_text("ok")
+  finally:
+    probe.unlink(missing_ok=True)
+
+
 class Checkpointer:
 
   def __init__(self, directory: str, *, keep: int, async_save: bool):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.as_str(directory)  # a URL stays a URL
     self.async_save = async_save
     self._saving = None  # the step whose save is in flight
     try:
       # Orbax creates the directory in a background thread and only logs a failure there.
-      os.makedirs(self.directory, exist_ok=True)
-      probe = os.path.join(self.directory, ".write_probe")
-      with open(probe, "w", encoding="utf-8") as f:
-        f.write("ok")
-      os.remove(probe)
+      _probe(self.directory)
       # Always orbax's asynchronous checkpointer: its callback runs before the commit rename (a
       # synchronous save just waits). cleanup_tmp_directories drops a save cut off by a kill.
       self._mngr = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
@@ -138,13 +143,17 @@ class Checkpointer:
       raise CheckpointError(f"cannot use checkpoint directory {self.directory}: {e}") from e
 
   def _seal(self):
-    """Orbax's callback just before the rename that commits a step: write its manifest."""
+    """Orbax's callback just before the commit of a step (the rename of its temporary
+    directory; in a bucket, the commit file): write its manifest."""
     if jax.process_index() != 0:
       return
-    tmps = glob.glob(os.path.join(self.directory, f"{self._saving}{TMP_MARK}*"))
+    root = paths.resolve(self.directory)
+    tmps = list(root.glob(f"{self._saving}{TMP_MARK}*"))
+    if not tmps and paths.is_url(root):  # committed by a file, written in place
+      tmps = [root / str(self._saving)]
     if len(tmps) != 1:
       raise CheckpointError(f"step {self._saving}: expected one {TMP_MARK} directory in "
-                            f"{self.directory}, found {tmps}")
+                            f"{self.directory}, found {[str(t) for t in tmps]}")
     write_manifest(tmps[0])
 
   def steps(self) -> list[int]:
@@ -170,8 +179,8 @@ class Checkpointer:
 
   def _check_space(self, step: int, state):
     need = sum(int(x.nbytes) for x in jax.tree.leaves(state))
-    free = shutil.disk_usage(self.directory).free
-    if need > free:
+    free = paths.free_bytes(self.directory)  # None: a bucket
+    if free is not None and need > free:
       raise CheckpointError(
           f"checkpoint save of step {step} to {self.directory}: needs about {need:,} bytes, "
           f"{free:,} free there. Free space (the previous checkpoint, step {self._last()}, is "
@@ -183,8 +192,8 @@ class Checkpointer:
   def _failed(self, e: BaseException) -> CheckpointError:
     """The error for a failed save, after removing its temporary directory."""
     if jax.process_index() == 0:
-      for tmp in glob.glob(os.path.join(self.directory, f"*{TMP_MARK}*")):
-        shutil.rmtree(tmp, ignore_errors=True)
+      for tmp in paths.resolve(self.directory).glob(f"*{TMP_MARK}*"):
+        tmp.rmtree(missing_ok=True)
     return CheckpointError(
         f"checkpoint save of step {self._saving} to {self.directory} failed: {_first_line(e)}. "
         f"The previous checkpoint (step {self._last()}) is intact; fix the cause and rerun with "
@@ -216,7 +225,7 @@ class Checkpointer:
     restores. When none restores: CheckpointError saying what to delete."""
     rejected = []
     for step in reversed(self.steps()):
-      step_dir = os.path.join(self.directory, str(step))
+      step_dir = f"{self.directory}/{step}"
       reason = verify(step_dir) if jax.process_index() == 0 else None
       if _agree(reason is None):
         state, meta = self._restore_intact(step, abstract_state)
@@ -247,14 +256,14 @@ class Checkpointer:
     """Moves rejected steps to <workdir>/corrupt_checkpoints/ (kept for inspection)."""
     if not steps:
       return
-    aside = os.path.join(os.path.dirname(self.directory), "corrupt_checkpoints")
+    aside = paths.makedirs(paths.resolve(self.directory).parent / "corrupt_checkpoints") \
+        if jax.process_index() == 0 else None
     if jax.process_index() == 0:
-      os.makedirs(aside, exist_ok=True)
       for step in steps:
-        dst = os.path.join(aside, str(step))
-        while os.path.exists(dst):
+        dst = f"{aside}/{step}"
+        while paths.resolve(dst).exists():
           dst += "_"
-        shutil.move(os.path.join(self.directory, str(step)), dst)
+        paths.move_tree(f"{self.directory}/{step}", dst)
         print(f"[checkpoint] moved the unusable step {step} to {dst}", flush=True)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("dapo_jax_checkpoint_set_aside")

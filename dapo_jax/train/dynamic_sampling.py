@@ -37,39 +37,73 @@ def round_metrics(g: Groups, keep_N) -> dict:
           "length_mean": float(g.lengths.mean()), "tokens": int(g.lengths.sum())}
 
 
-def collect(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
-            max_gen_rounds: int, dynamic: bool):
-  """Returns (batch Groups of exactly batch_size, summary metrics, per-round metrics).
+class BatchFiller:
+  """One batch collected a round at a time (`round()` until `done`, then `result()`), so a
+  caller can interleave rounds with other work (train/pipeline.py).
 
   generate(round_index, num_prompts) samples and scores one round. Without dynamic sampling a
   single round of batch_size prompts is taken whole (uniform groups get zero advantage).
   """
-  if not dynamic:
-    g = generate(0, batch_size)
+
+  def __init__(self, generate: Callable[[int, int], Groups], *, batch_size: int,
+               gen_batch_size: int, max_gen_rounds: int, dynamic: bool):
+    self.generate, self.batch_size, self.dynamic = generate, batch_size, dynamic
+    self.gen_batch_size, self.max_gen_rounds = gen_batch_size, max_gen_rounds
+    self.held, self.rounds, self.n_held = [], [], 0
+    self.batch: Groups | None = None
+    self.summary: dict | None = None
+
+  @property
+  def done(self) -> bool:
+    return self.batch is not None
+
+  def round(self) -> None:
+    """Samples the next round and keeps its mixed groups (the whole round without dynamic
+    sampling); raises DynamicSamplingError when the last allowed round leaves it short."""
+    r = len(self.rounds)
+    g = self.generate(r, self.gen_batch_size if self.dynamic else self.batch_size)
     keep = np.asarray(filtering.mixed_groups(g.correct))
-    rounds = [round_metrics(g, keep)]
-    summary = _summary(rounds, accepted_total=len(g), batch=g, kept_groups=int(keep.sum()))
-    return g, summary, rounds
-  held, rounds, n_held = [], [], 0
-  for r in range(max_gen_rounds):
-    g = generate(r, gen_batch_size)
-    keep = np.asarray(filtering.mixed_groups(g.correct))
-    rounds.append(round_metrics(g, keep))
+    self.rounds.append(round_metrics(g, keep))
+    if not self.dynamic:
+      self.batch = g
+      self.summary = _summary(self.rounds, accepted_total=len(g), batch=g,
+                              kept_groups=int(keep.sum()))
+      return
     if keep.any():
-      held.append(g.select(np.flatnonzero(keep)))
-      n_held += int(keep.sum())
-    if n_held >= batch_size:
-      batch = Groups.concat(held).select(np.arange(batch_size))
-      summary = _summary(rounds, accepted_total=n_held, batch=batch, kept_groups=batch_size)
-      return batch, summary, rounds
-  sampled = sum(x["prompts"] for x in rounds)
-  raise DynamicSamplingError(
-      f"dynamic sampling: {n_held} mixed groups after {max_gen_rounds} rounds of "
-      f"{gen_batch_size} prompts (need algo batch of {batch_size}); acceptance "
-      f"{n_held}/{sampled} = {n_held / max(sampled, 1):.3f}; per round "
-      f"all-correct {[round(x['frac_acc_1'], 3) for x in rounds]}, all-wrong "
-      f"{[round(x['frac_acc_0'], 3) for x in rounds]}. Raise algo.max_gen_rounds or "
-      f"algo.gen_batch_size, or use an easier/harder task.")
+      self.held.append(g.select(np.flatnonzero(keep)))
+      self.n_held += int(keep.sum())
+    if self.n_held >= self.batch_size:
+      self.batch = Groups.concat(self.held).select(np.arange(self.batch_size))
+      self.summary = _summary(self.rounds, accepted_total=self.n_held, batch=self.batch,
+                              kept_groups=self.batch_size)
+    elif r + 1 == self.max_gen_rounds:
+      raise self._short()
+
+  def result(self) -> tuple[Groups, dict, list]:
+    """(batch Groups of exactly batch_size, summary metrics, per-round metrics)."""
+    return self.batch, self.summary, self.rounds
+
+  def _short(self) -> DynamicSamplingError:
+    rounds, n_held = self.rounds, self.n_held
+    sampled = sum(x["prompts"] for x in rounds)
+    return DynamicSamplingError(
+        f"dynamic sampling: {n_held} mixed groups after {self.max_gen_rounds} rounds of "
+        f"{self.gen_batch_size} prompts (need algo batch of {self.batch_size}); acceptance "
+        f"{n_held}/{sampled} = {n_held / max(sampled, 1):.3f}; per round "
+        f"all-correct {[round(x['frac_acc_1'], 3) for x in rounds]}, all-wrong "
+        f"{[round(x['frac_acc_0'], 3) for x in rounds]}. Raise algo.max_gen_rounds or "
+        f"algo.gen_batch_size, or use an easier/harder task.")
+
+
+def fill_batch(generate: Callable[[int, int], Groups], *, batch_size: int, gen_batch_size: int,
+               max_gen_rounds: int, dynamic: bool):
+  """Returns (batch Groups of exactly batch_size, summary metrics, per-round metrics): a
+  BatchFiller run to the end."""
+  filler = BatchFiller(generate, batch_size=batch_size, gen_batch_size=gen_batch_size,
+                       max_gen_rounds=max_gen_rounds, dynamic=dynamic)
+  while not filler.done:
+    filler.round()
+  return filler.result()
 
 
 def _summary(rounds, *, accepted_total: int, batch: Groups, kept_groups: int) -> dict:

@@ -6,6 +6,7 @@ import numpy as np
 
 from dapo_jax import rewards
 from dapo_jax.core import overlong
+from dapo_jax.train.train_step import MiniBatch
 
 
 @dataclasses.dataclass
@@ -15,6 +16,7 @@ class Groups:
   answers: list            # N ground-truth strings
   tokens: np.ndarray       # int32 [N, G, R] response tokens, 0 after the end
   behav_logp: np.ndarray   # float32 [N, G, R] sampler log-probs
+  versions: np.ndarray     # int32 [N, G, R] the policy version that drew each token (0 = pad)
   lengths: np.ndarray      # int32 [N, G] response tokens (EOS included)
   truncated: np.ndarray    # bool [N, G] hit the generation limit
   correct: np.ndarray      # bool [N, G] verifier's verdict
@@ -53,18 +55,20 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
   return Groups(prompts=list(prompts), answers=list(answers),
                 tokens=np.asarray(rollout.tokens, np.int32),
                 behav_logp=np.asarray(rollout.logprobs, np.float32),
+                versions=np.asarray(rollout.versions, np.int32),
                 lengths=np.asarray(rollout.lengths, np.int32),
                 truncated=np.asarray(rollout.truncated, bool), correct=correct, parsed=parsed,
                 score=score, reward=reward.astype(np.float32))
 
 
-def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool):
-  """(arrays, response_mask): rows [prompt][response][pad] of length seq_len, one per (n, g).
+def training_batch(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool
+                   ) -> tuple[MiniBatch, np.ndarray]:
+  """(MiniBatch, response_mask_BxS): rows [prompt][response][pad] of length seq_len, one per
+  (n, g), with the sampler's log-probs as `behav_logp_BxS` and no old log-probs or plan yet
+  (the trainer's `prepare` adds what the config asks for).
 
-  response_mask marks response tokens; loss_mask is it zeroed for truncated responses under
-  overlong filtering;
-  old_logp holds the sampler's log-probs at the same positions (replaced by the trainer's own
-  recomputation when the config says so).
+  response_mask marks response tokens; the loss mask is it zeroed for truncated responses under
+  overlong filtering.
   """
   N, G, R = groups.tokens.shape
   B = N * G
@@ -91,8 +95,8 @@ def training_arrays(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: b
   attn = (is_prompt | response_mask).astype(np.float32)
   keep = overlong.overlong_mask(groups.truncated) if overlong_filter else np.ones((N, G))
   loss_mask = (response_mask * np.asarray(keep, np.float32).reshape(B, 1)).astype(np.float32)
-  old_logp = np.where(response_mask, groups.behav_logp.reshape(B, R)[rows_Bx1, rel_BxS],
-                      0.0).astype(np.float32)
-  arrays = {"tokens": tokens, "attn_mask": attn, "loss_mask": loss_mask, "old_logp": old_logp,
-          "adv": np.asarray(adv_NxG, np.float32).reshape(B)}
-  return arrays, response_mask
+  behav = np.where(response_mask, groups.behav_logp.reshape(B, R)[rows_Bx1, rel_BxS],
+                   0.0).astype(np.float32)
+  batch = MiniBatch(tokens_BxS=tokens, attn_mask_BxS=attn, loss_mask_BxS=loss_mask,
+                    adv_B=np.asarray(adv_NxG, np.float32).reshape(B), behav_logp_BxS=behav)
+  return batch, response_mask

@@ -56,7 +56,8 @@ def gather_groups(g: Groups, *, max_prompt_len: int) -> Groups:
   for i, p in enumerate(g.prompts):
     prompts[i, :len(p)], plen[i] = p, len(p)
   local = {"prompts": prompts, "plen": plen, "answers": _encode_answers(g.answers),
-           "tokens": g.tokens, "behav_logp": g.behav_logp, "lengths": g.lengths,
+           "tokens": g.tokens, "behav_logp": g.behav_logp, "versions": g.versions,
+           "lengths": g.lengths,
            "truncated": g.truncated, "correct": g.correct, "parsed": g.parsed, "score": g.score,
            "reward": g.reward}
   full = {k: np.asarray(v).reshape(-1, *np.asarray(v).shape[2:])
@@ -64,6 +65,7 @@ def gather_groups(g: Groups, *, max_prompt_len: int) -> Groups:
   return Groups(
       prompts=[full["prompts"][i, :full["plen"][i]].tolist() for i in range(len(full["plen"]))],
       answers=[bytes(a).rstrip(b"\0").decode("utf-8") for a in full["answers"]],
-      tokens=full["tokens"], behav_logp=full["behav_logp"], lengths=full["lengths"],
+      tokens=full["tokens"], behav_logp=full["behav_logp"], versions=full["versions"],
+      lengths=full["lengths"],
       truncated=full["truncated"], correct=full["correct"], parsed=full["parsed"],
       score=full["score"], reward=full["reward"])

@@ -11,17 +11,31 @@ as if it were alone (`models/attention.py`). The loss is computed on the padded 
 arrays, so its (sum, count) form, the token-mean denominator and every metric are those of the
 padded layout (tests: equal to 1e-5).
 
-Keys added to the mini-batch (host numpy; B-leading like every other key):
-  pack_tokens, pack_segments, pack_positions  int32 [B, S]  the packed rows (rows i, i+k, ...
-      are micro-batch i's)
-  pack_src    int32 [B, S]  sequence b's column t lives at pack_src[b, t] of its micro-batch's
-      flattened [R * S] packed rows (0 past the sequence's end: masked)
-  pack_micro  int32 [B]     the micro-batch holding sequence b
+A plan is a `PackPlan` (B-leading arrays, so slicing a mini-batch's rows slices its plan).
 Without packing (`enabled=False`) the plan is the identity: sequence b is packed row b.
 """
+import dataclasses
+from typing import Any
+
+import jax
 import numpy as np
 
-KEYS = ("pack_tokens", "pack_segments", "pack_positions", "pack_src", "pack_micro")
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackPlan:
+  """Where a mini-batch's sequences sit in the packed rows (host numpy or device arrays)."""
+  tokens_BxS: Any     # int32 the packed rows (rows i, i + k, ... are micro-batch i's)
+  segments_BxS: Any   # int32 segment id of each position (1, 2, ... per sequence; 0 = padding)
+  positions_BxS: Any  # int32 position of each token within its sequence
+  src_BxS: Any        # int32 sequence b's column t lives at src[b, t] of its micro-batch's
+                      # flattened [R * S] packed rows (0 past the sequence's end: masked)
+  micro_B: Any        # int32 the micro-batch holding sequence b
+
+
+def concat(plans) -> PackPlan:
+  """The plans of consecutive mini-batches as one plan over all their rows (host)."""
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *plans)
 
 
 def first_fit(lengths_B, row_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,8 +68,8 @@ def _placement(lengths_B, *, row_len: int, k: int, enabled: bool):
   return local * k + micro, micro, offset
 
 
-def pack(tokens_BxS, attn_mask_BxS, *, micro_batches: int, enabled: bool = True) -> dict:
-  """The packing plan of one mini-batch (keys: see the module docstring)."""
+def pack(tokens_BxS, attn_mask_BxS, *, micro_batches: int, enabled: bool = True) -> PackPlan:
+  """The packing plan of one mini-batch."""
   tokens, mask = np.asarray(tokens_BxS), np.asarray(attn_mask_BxS) > 0
   b, s = tokens.shape
   if micro_batches < 1 or b % micro_batches:
@@ -67,17 +81,17 @@ def pack(tokens_BxS, attn_mask_BxS, *, micro_batches: int, enabled: bool = True)
   t_BxS = np.arange(s)[None, :]
   col_BxS = offset[:, None] + t_BxS
   rows_BxS = np.broadcast_to(flat[:, None], (b, s))
-  out = {name: np.zeros((b, s), np.int32) for name in KEYS[:3]}
   seg = np.zeros(b, np.int64)  # 1 + the sequences already in the row
   order = np.lexsort((offset, flat))
   seg[order] = 1 + np.arange(b) - np.searchsorted(flat[order], flat[order])
-  for name, value in (("pack_tokens", tokens), ("pack_segments", np.broadcast_to(
-      seg[:, None], (b, s))), ("pack_positions", np.broadcast_to(t_BxS, (b, s)))):
-    out[name][rows_BxS[mask], col_BxS[mask]] = value[mask]
+  rows = []
+  for value in (tokens, np.broadcast_to(seg[:, None], (b, s)), np.broadcast_to(t_BxS, (b, s))):
+    row = np.zeros((b, s), np.int32)
+    row[rows_BxS[mask], col_BxS[mask]] = value[mask]
+    rows.append(row)
   src = (flat // micro_batches)[:, None] * s + col_BxS
-  out["pack_src"] = np.where(mask, src, 0).astype(np.int32)
-  out["pack_micro"] = micro.astype(np.int32)
-  return out
+  return PackPlan(*rows, src_BxS=np.where(mask, src, 0).astype(np.int32),
+                  micro_B=micro.astype(np.int32))
 
 
 def num_micro(pack_micro_B) -> int:
@@ -85,16 +99,16 @@ def num_micro(pack_micro_B) -> int:
   return int(np.max(pack_micro_B)) + 1
 
 
-def unpack(values_BxS, plan: dict, attn_mask_BxS, *, micro_batches: int) -> np.ndarray:
+def unpack(values_BxS, plan: PackPlan, attn_mask_BxS, *, micro_batches: int) -> np.ndarray:
   """Per-sequence [B, S] values from values on the packed rows [B, S] (host)."""
   b, s = values_BxS.shape
-  local = plan["pack_src"] // s
-  flat = local * micro_batches + plan["pack_micro"][:, None]
-  out = values_BxS[flat, plan["pack_src"] % s]
+  local = plan.src_BxS // s
+  flat = local * micro_batches + plan.micro_B[:, None]
+  out = values_BxS[flat, plan.src_BxS % s]
   return np.where(np.asarray(attn_mask_BxS) > 0, out, 0).astype(values_BxS.dtype)
 
 
-def identity_plan(tokens_BxS, attn_mask_BxS, *, micro_batches: int) -> dict:
+def identity_plan(tokens_BxS, attn_mask_BxS, *, micro_batches: int) -> PackPlan:
   """`pack(..., enabled=False)` on device, for a mini-batch given without a plan (jnp)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from dapo_jax.models.qwen2 import default_positions  # pylint: disable=g-import-not-at-top
@@ -102,6 +116,7 @@ def identity_plan(tokens_BxS, attn_mask_BxS, *, micro_batches: int) -> dict:
   seq_B = jnp.arange(b)
   real = attn_mask_BxS > 0
   src = (seq_B // micro_batches)[:, None] * s + jnp.arange(s)[None, :]
-  return {"pack_tokens": tokens_BxS.astype(jnp.int32), "pack_segments": real.astype(jnp.int32),
-          "pack_positions": default_positions(real), "pack_src": jnp.where(real, src, 0).astype(jnp.int32),
-          "pack_micro": (seq_B % micro_batches).astype(jnp.int32)}
+  return PackPlan(tokens_BxS=tokens_BxS.astype(jnp.int32), segments_BxS=real.astype(jnp.int32),
+                  positions_BxS=default_positions(real),
+                  src_BxS=jnp.where(real, src, 0).astype(jnp.int32),
+                  micro_B=(seq_B % micro_batches).astype(jnp.int32))

@@ -1,4 +1,4 @@
-"""Difficulty pre-filter (`algo.prefilter`, issue 16): don't generate groups that a prompt's history
+"""Difficulty pre-filter (`algo.prefilter`): don't generate groups that a prompt's history
 says will be uniform (all correct or all wrong), since dynamic sampling would discard them.
 
 Each prompt (keyed by a hash of its token ids, the same on every host and after a resume) has a

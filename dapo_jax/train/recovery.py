@@ -15,17 +15,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dapo_jax.core import overlong
+from dapo_jax.train import checkpoint_dirs
 
 
 def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
-  """Restores `run` (a trainer.Run) from the newest intact checkpoint of `ckpt` (with resume).
+  """Restores `run` (a train.run.Run) from the newest intact checkpoint of `ckpt` (with resume).
 
   Returns the results so far (the "before" eval) and the number of metrics.jsonl records
   written when that checkpoint was saved; ({}, 0) for a run that starts at step 0."""
   if not resume:
-    if ckpt.steps():  # never write into an earlier run's checkpoints and logs
-      raise ValueError(f"{ckpt.directory} holds checkpoints (steps {ckpt.steps()}) of an "
-                       f"earlier run: pass --resume to continue it, or use a new --workdir")
+    checkpoint_dirs.check_fresh(ckpt.directory)  # never write into an earlier run's files
     return {}, 0
   got = ckpt.restore_latest(run.state)
   if got is None:
@@ -37,7 +36,7 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   if run.prefilter is not None:  # the same prompts are skipped as without the restart
     run.prefilter.restore(meta["prefilter"])
   run.length_history = overlong.history_from_state(meta["length_history"])
-  run.sampler.update_params(run.state.params)
+  run.sampler.update_params(run.state.params, version=run.step)
   print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
   return meta["results"], meta["metrics_records"]
 

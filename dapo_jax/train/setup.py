@@ -5,7 +5,7 @@ import os
 
 import jax
 
-from dapo_jax import sharding
+from dapo_jax import paths, sharding
 from dapo_jax.config import Config
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
@@ -18,40 +18,19 @@ _GENERATED_TASKS = {"synthetic": synthetic.SyntheticTask, "arith_nl": arith_nl.A
 _HELDOUT_SETS = tuple(f"{name}_heldout" for name in _GENERATED_TASKS)
 
 
-def build_mesh(cfg: Config, devices=None):
-  m = cfg.mesh
-  try:
-    return sharding.make_mesh({"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor}, devices)
-  except ValueError as err:
-    raise ValueError(f"config.mesh: {err}") from None
-
-
-def build_sampler_mesh(cfg: Config, devices=None):
-  """The sampler's mesh on every chip (replicas x tensor parallel): weights are replicated over
-  `data` and split over `tensor` (never FSDP-gathered per decode step); slots split over
-  `data`. With several processes the data axis runs host-major, so each host's slice of it is
-  that host's own sampler (engine.load_params fills it device-to-device)."""
-  devices = jax.devices() if devices is None else devices
-  try:
-    return sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": cfg.mesh.tensor}, devices)
-  except ValueError as err:
-    raise ValueError(f"config.mesh.tensor: sampler mesh: {err}") from None
-
-
-def check_batch_fits_mesh(cfg: Config, mesh):
-  """The sequences of a mini-batch and of a generation round must split over the batch axes."""
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  seqs = cfg.minibatch_prompts * cfg.rollout.group_size
-  mbs = cfg.train.micro_batch_size or seqs
-  if mbs % shards:
-    raise ValueError(f"config.train: {mbs} sequences per (micro-)batch do not split over "
-                     f"{shards} data-parallel shards (mesh data x fsdp)")
-  pcount = jax.process_count()
-  a = cfg.algo
-  round_prompts = a.gen_batch_size if a.dynamic_sampling else cfg.train.batch_size
-  if round_prompts % pcount:
-    raise ValueError(f"config.algo.gen_batch_size: {round_prompts} prompts per round do not "
-                     f"split over {pcount} processes")
+def check_batch_fits_mesh(cfg: Config, mesh, hosts: int | None = None):
+  """The sequences of a mini-batch and of each micro-batch split over the mesh's batch shards,
+  and a generation round's prompts over the hosts (default: this run's processes)."""
+  shards = sharding.batch_shards(mesh)
+  for what, n in (("train.micro_batch_size", cfg.minibatch_seqs // cfg.micro_batches),
+                  ("train.batch_size", cfg.minibatch_seqs)):
+    if n % shards:
+      raise ValueError(f"config.{what}: {n} sequences per (micro-)batch do not split over "
+                       f"{shards} data-parallel shards (mesh data x fsdp = {dict(mesh.shape)})")
+  hosts = jax.process_count() if hosts is None else hosts
+  if cfg.prompts_per_round % hosts:
+    raise ValueError(f"config.algo.gen_batch_size: {cfg.prompts_per_round} prompts per round "
+                     f"do not split over {hosts} hosts")
 
 
 @dataclasses.dataclass
@@ -68,53 +47,57 @@ class Task:
 
 
 def load_task(cfg: Config) -> Task:
-  t = cfg.task
-  tok = tokenizer_lib.load_tokenizer(None if t.tokenizer == "synthetic" else t.tokenizer)
-  generated = _GENERATED_TASKS.get(t.name)
+  task = cfg.task
+  tok = tokenizer_lib.load_tokenizer(None if task.tokenizer == "synthetic" else paths.copy_to_local(
+      resolve_path(task.tokenizer), hf_io.TOKENIZER_FILES))  # a bucket's files copied here
+  generated = _GENERATED_TASKS.get(task.name)
   if generated is not None:
-    if t.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
-      generated = functools.partial(generated, shots=t.shots)
-    if t.difficulty_max:  # mixed difficulty (synthetic; config_checks rejects the rest)
-      generated = functools.partial(generated, difficulty_max=t.difficulty_max)
-    generated = generated(difficulty=t.difficulty, seed=cfg.seed)
-    train = generated.examples("train", t.num_train)
+    if task.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
+      generated = functools.partial(generated, shots=task.shots)
+    if task.difficulty_max:  # mixed difficulty (synthetic; config_checks rejects the rest)
+      generated = functools.partial(generated, difficulty_max=task.difficulty_max)
+    generated = generated(difficulty=task.difficulty, seed=cfg.seed)
+    train = generated.examples("train", task.num_train)
   else:
-    train, report = readers.load_examples(t.name, data_dir=t.data_dir or None)
-    print(f"[data] {t.name}: {report.summary()}")
+    train, report = readers.load_examples(task.name, data_dir=task.data_dir or None,
+                                          skip_bad=task.skip_bad)
+    print(f"[data] {task.name}: {report.summary()}")
   evals = _eval_examples(cfg, generated)
   if tok.eos_token_id is None:
-    raise ValueError(f"config.task.tokenizer: {t.tokenizer!r} has no EOS token")
+    raise ValueError(f"config.task.tokenizer: {task.tokenizer!r} has no EOS token")
   # With the chat template a response ends at the template's end-of-turn token (first) or EOS.
-  eos_ids = pipeline.stop_token_ids(tok, use_chat_template=t.chat_template)
+  eos_ids = pipeline.stop_token_ids(tok, use_chat_template=task.chat_template)
   return Task(train=train, eval=evals, tokenizer=tok, eos_ids=eos_ids)
 
 
 def _eval_examples(cfg: Config, generated) -> list:
   """The eval set of config.task.eval_name (held-out problems of `generated`, the task's
   generator, for a *_heldout set), cut to eval.num_problems."""
-  t = cfg.task
-  if t.eval_name in _HELDOUT_SETS:
-    if t.eval_name != f"{t.name}_heldout":
-      raise ValueError(f"config.task.eval_name: {t.eval_name} needs task.name="
-                       f"{t.eval_name.removesuffix('_heldout')!r}, got {t.name!r}")
+  task = cfg.task
+  if task.eval_name in _HELDOUT_SETS:
+    if task.eval_name != f"{task.name}_heldout":
+      raise ValueError(f"config.task.eval_name: {task.eval_name} needs task.name="
+                       f"{task.eval_name.removesuffix('_heldout')!r}, got {task.name!r}")
     evals = generated.examples("heldout", cfg.eval.num_problems or 256)
-  elif t.eval_name in _EVAL_SETS:
-    evals, _ = readers.load_examples(t.eval_name, data_dir=t.data_dir or None)
-  elif t.eval_name == "math_500_easy":  # MATH-500's integer-answer level 1-2 problems
-    evals = readers.load_math_500_easy(data_dir=t.data_dir or None)
-  elif t.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
+  elif task.eval_name in _EVAL_SETS:
+    evals, report = readers.load_examples(task.eval_name, data_dir=task.data_dir or None,
+                                          skip_bad=task.skip_bad)
+    print(f"[data] {task.eval_name}: {report.summary()}")
+  elif task.eval_name == "math_500_easy":  # MATH-500's integer-answer level 1-2 problems
+    evals = readers.load_math_500_easy(data_dir=task.data_dir or None)
+  elif task.eval_name == "math_500_int":  # MATH-500's non-integer answers rewritten to integers
     from dapo_jax.data import integerize  # pylint: disable=g-import-not-at-top (sympy is slow)
-    evals = integerize.load_examples(data_dir=t.data_dir or None)
+    evals = integerize.load_examples(data_dir=task.data_dir or None)
   else:
-    raise ValueError(f"config.task.eval_name: unknown eval set {t.eval_name!r}; expected "
+    raise ValueError(f"config.task.eval_name: unknown eval set {task.eval_name!r}; expected "
                      f"one of {_HELDOUT_SETS}, math_500_int, math_500_easy or {_EVAL_SETS}")
   return evals[:cfg.eval.num_problems] if cfg.eval.num_problems else evals
 
 
 def demo_fn(cfg: Config):
   """The warm start's demonstration writer (data/testbed.py), or None for exact references."""
-  w = cfg.warm_start
-  return testbed.demo_fn({k: getattr(w, k) for k in testbed.DEMO_KNOBS})
+  warm_start = cfg.warm_start
+  return testbed.demo_fn({k: getattr(warm_start, k) for k in testbed.DEMO_KNOBS})
 
 
 # How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
@@ -139,15 +122,15 @@ def run_overrides(cfg: Config, max_positions: int = 4096) -> dict:
 def model_config(cfg: Config, vocab_size: int, hf: ModelConfig | None = None) -> ModelConfig:
   """The model's config: from cfg.model (source="config"), or the checkpoint's `hf` config with
   the run settings applied (source="hf")."""
-  m = cfg.model
+  model = cfg.model
   if hf is not None:
-    if m.vocab_size and m.vocab_size != hf.vocab_size:
-      raise ValueError(f"config.model.vocab_size: {m.vocab_size} != the checkpoint's "
+    if model.vocab_size and model.vocab_size != hf.vocab_size:
+      raise ValueError(f"config.model.vocab_size: {model.vocab_size} != the checkpoint's "
                        f"{hf.vocab_size} (0 = take the checkpoint's)")
     return dataclasses.replace(hf, **run_overrides(cfg, hf.max_position_embeddings))
-  arch = {f: getattr(m, f) for f in ARCH_FIELDS}
-  arch["vocab_size"] = m.vocab_size or vocab_size
-  return ModelConfig(**arch, **family_fields(m.num_experts), **run_overrides(cfg))
+  arch = {f: getattr(model, f) for f in ARCH_FIELDS}
+  arch["vocab_size"] = model.vocab_size or vocab_size
+  return ModelConfig(**arch, **family_fields(model.num_experts), **run_overrides(cfg))
 
 
 def build_model(cfg: Config, mesh, tokenizer):
@@ -170,8 +153,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def resolve_path(path: str) -> str:
-  """An absolute path, a path relative to the working directory, or else to the repo root."""
-  if os.path.isabs(path) or os.path.exists(path):
+  """A URL (gs://...) or an absolute path as it is; a path relative to the working directory,
+  or else to the repo root."""
+  if paths.is_url(path) or os.path.isabs(path) or os.path.exists(path):
     return path
   return os.path.join(REPO_ROOT, path)
 

@@ -1,0 +1,64 @@
+"""Runs a per-shard Pallas attention kernel over a device mesh (a Pallas call does not partition
+itself): `shard_map` over the mesh's batch and head axes, the time axis padded to the kernel's
+block multiple. Used by the TPU splash kernel (`attention.splash_attend`) and the GPU flash
+kernel (`attention_gpu.gpu_flash_attend`); `check_tpu_interpretable` guards the TPU kernels'
+interpret mode on CPU meshes (also used by `paged.attend_kernel`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from dapo_jax import sharding
+
+
+def platform(mesh) -> str:
+  """The mesh's device platform: "cpu", "gpu" or "tpu"."""
+  return mesh.devices.flat[0].platform
+
+
+def check_tpu_interpretable(mesh, what: str):
+  """A Pallas TPU kernel runs on a CPU mesh only in interpret mode, whose host callbacks can
+  deadlock (jax 0.10.2) when every CPU device of the process runs the kernel at once: each
+  device's thread blocks in a callback waiting for its buffer's copy to CPU device 0, which
+  needs a free thread of the same pool (splash at T = 256 hung on 2 of 2, 4 of 4 and 8 of 8
+  devices and ran on 4 of 5, 7 of 8, 8 of 16 and 1 of 1). Refused here rather than hung."""
+  if platform(mesh) != "cpu":
+    return
+  here = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  if 1 < len(here) >= jax.local_device_count("cpu"):
+    raise ValueError(
+        f"{what}: Pallas TPU interpret mode on a CPU mesh of all {len(here)} CPU devices of the "
+        "process can deadlock; use a mesh that leaves one CPU device idle (e.g. "
+        f"--xla_force_host_platform_device_count={len(here) + 1})")
+
+
+def head_specs(q_BxTxHxK, k_BxTxKvxK, mesh, name: str):
+  """(q spec, k / v spec, segment spec) over the mesh: batch over its batch axes, query and KV
+  heads over tensor, which must split both the same way (each shard holds whole groups)."""
+  spec = lambda x, names: sharding.logical_to_mesh_sharding(names, mesh, shape=x.shape).spec
+  q_spec = spec(q_BxTxHxK, ("batch", None, "heads", None))
+  kv_spec = spec(k_BxTxKvxK, ("batch", None, "kv_heads", None))
+  if q_spec[2] != kv_spec[2]:
+    raise ValueError(f"{name}: query heads {q_BxTxHxK.shape[2]} and KV heads "
+                     f"{k_BxTxKvxK.shape[2]} must split the same way over the mesh "
+                     f"{dict(mesh.shape)} (got {q_spec} vs {kv_spec}); set "
+                     "config.model.attention_impl=blocked")
+  return q_spec, kv_spec, P(q_spec[0], None)
+
+
+def sharded_attend(local, q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh,
+                   multiple: int, name: str):
+  """`local(q, k, v, q_seg, kv_seg)` on each (batch, head) shard, T padded to a multiple of
+  `multiple`: padded queries (segment -1) and keys (-2) match nothing real and are cut off."""
+  t = q_BxTxHxK.shape[1]
+  pad = -t % multiple
+  tp = ((0, 0), (0, pad), (0, 0), (0, 0))
+  q, k, v = (jnp.pad(x, tp) for x in (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK))
+  qs = jnp.pad(q_seg_BxT, ((0, 0), (0, pad)), constant_values=-1)
+  ks = jnp.pad(kv_seg_BxT, ((0, 0), (0, pad)), constant_values=-2)
+  q_spec, kv_spec, seg_spec = head_specs(q, k, mesh, name)
+  out = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec),
+                      out_specs=q_spec, check_vma=False)(q, k, v, qs, ks)
+  return out[:, :t]

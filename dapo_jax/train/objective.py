@@ -1,0 +1,207 @@
+"""A mini-batch's loss and gradients, accumulated exactly over micro-batches (no optimizer).
+
+The mini-batch may be split into k micro-batches (gradient accumulation, a `lax.scan`);
+micro-batch i holds rows i, i+k, i+2k, …, so each one spans the data shards of a batch-sharded
+mini-batch. The model runs on packed rows (several sequences per row, `train/packing.py`) and
+skips micro-batches that hold none; the loss is taken on the per-sequence [B, S] arrays, so it is
+the padded layout's. Everything that needs the WHOLE mini-batch is computed before the split:
+the loss denominator (core.losses' (sum, count) form), the off-policy correction, and the tokens
+Clip-Cov / KL-Cov select. The result therefore equals the full mini-batch's (tested).
+
+An on-policy mini-batch (no old log-probs) takes them from its own forward, detached: the ratio
+is 1 in value, its gradient that of log pi (TRL's num_iterations = 1); that forward's per-token
+log-probs and entropies come back as `TokenStats`.
+"""
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dapo_jax.config import Config
+from dapo_jax.core import losses, offpolicy, stats
+from dapo_jax.core.losses import PolicyLossStats
+from dapo_jax.models.qwen2 import token_logprobs
+from dapo_jax.train import packing
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenStats:
+  """Per-token outputs of an on-policy update's forward ([B, S], 0 off the sequences)."""
+  logp_BxS: Any
+  entropy_BxS: Any
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _WholeBatch:
+  """What is decided over the whole mini-batch before it is split (None where unused)."""
+  is_weight_BxS: Any    # the off-policy correction's per-token weights (tis_*)
+  selected_BxS: Any     # Clip-Cov / KL-Cov's selected tokens
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Terms:
+  """One micro-batch's share of the objective's terms (each divided by the global count)."""
+  pg_loss: Any
+  kl_loss: Any          # None unless algo.kl_coef > 0
+  entropy_bonus: Any    # None unless an entropy term or an on-policy forward computes it
+  stats: PolicyLossStats
+
+
+def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float = 1.0,
+             with_entropy: bool = True, positions_BxS=None, segment_ids_BxS=None, mesh=None):
+  """Per-token log-probs (and entropies) of a batch under `params` (rows may be packed:
+  segment ids and per-segment positions, `train/packing.py`); no gradient."""
+  model = nnx.merge(graphdef, params)
+  return token_logprobs(model, tokens_BxS, attn_mask_BxS, temperature=temperature,
+                        with_entropy=with_entropy, positions_BxT=positions_BxS,
+                        segment_ids_BxT=segment_ids_BxS, mesh=mesh)
+
+
+def _micro_logprobs(params, graphdef, mb, rows, i, *, temperature, with_entropy, mesh):
+  """Log-probs (and entropies) [B, S] of micro-batch i's sequences, computed on its packed
+  `rows` ((tokens, segments, positions) [R, S]) and gathered back; 0 for every other sequence."""
+  tokens, seg, positions = rows
+  logp, ent = logprobs(graphdef, params, tokens, seg > 0, temperature=temperature,
+                       with_entropy=with_entropy, positions_BxS=positions,
+                       segment_ids_BxS=seg, mesh=mesh)
+  valid = (mb.attn_mask_BxS > 0) & (mb.pack.micro_B == i)[:, None]
+  gather = lambda x: jnp.where(valid, jnp.take(x.reshape(-1), mb.pack.src_BxS), 0.0)
+  return gather(logp), (gather(ent) if with_entropy else None)
+
+
+def _objective(params, graphdef, mb, whole: _WholeBatch, rows, i, denominator, cfg: Config,
+               mesh):
+  """(micro-batch i's share of the mini-batch loss, (its _Terms, its TokenStats or None))."""
+  algo = cfg.algo
+  need_entropy = algo.entropy_coef > 0 or mb.on_policy
+  logp, ent = _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh,
+                              temperature=cfg.rollout.temperature, with_entropy=need_entropy)
+  old_logp = jax.lax.stop_gradient(logp) if mb.on_policy else mb.old_logp_BxS
+  mask = mb.loss_mask_BxS * (mb.pack.micro_B == i)[:, None].astype(mb.loss_mask_BxS.dtype)
+  agg = dict(agg=algo.loss_agg, loss_scale_factor=cfg.loss_scale_factor, denominator=denominator)
+  pg_loss, pl_stats = losses.policy_loss(
+      logp, old_logp, mb.adv_B, mask, mode=algo.loss_mode, weight_BxT=whole.is_weight_BxS,
+      selected_BxT=whole.selected_BxS, **agg, **algo.loss_params())
+  total, kl, ent_loss = pg_loss, None, None
+  if algo.kl_coef > 0:  # not even traced when off: no reference forward exists then
+    if mb.ref_logp_BxS is None:
+      raise ValueError(f"config.algo.kl_coef={algo.kl_coef} needs the reference policy's "
+                       "log-probs in the mini-batch (MiniBatch.ref_logp_BxS)")
+    kl = losses.aggregate(stats.kl_estimate(logp, mb.ref_logp_BxS, kind=algo.kl_kind) * mask,
+                          mask, **agg)
+    total = total + algo.kl_coef * kl
+  if need_entropy:
+    ent_loss = losses.aggregate(ent * mask, mask, **agg)
+    total = total - algo.entropy_coef * ent_loss
+  tokens = TokenStats(*map(jax.lax.stop_gradient, (logp, ent))) if mb.on_policy else None
+  return total, (_Terms(pg_loss, kl, ent_loss, pl_stats), tokens)
+
+
+_MEAN_STATS = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "selected_frac",
+               "approx_kl", "ratio_mean")
+
+
+def _combine(terms_k: _Terms) -> dict:
+  """Stacked [k] micro-batch terms -> the mini-batch's metrics: token-weighted means
+  (up-clipped-token weighted for their mean probability), sums of the global-denominator
+  losses, max of max."""
+  s = terms_k.stats
+  n, n_up = jnp.sum(s.num_tokens), jnp.sum(s.num_upclipped)
+  out = {k: jnp.sum(s[k] * s.num_tokens) / jnp.maximum(n, 1.0) for k in _MEAN_STATS}
+  out["upclip_prob_mean"] = jnp.sum(s.upclip_prob_mean * s.num_upclipped) / jnp.maximum(n_up, 1.0)
+  out.update(num_upclipped=n_up, ratio_max=jnp.max(s.ratio_max), num_tokens=n)
+  for k in ("pg_loss", "kl_loss", "entropy_bonus"):  # already divided by the global count
+    if getattr(terms_k, k) is not None:
+      out[k] = jnp.sum(getattr(terms_k, k))
+  return out
+
+
+def _split(x, k: int):
+  """[B, ...] -> [k, B/k, ...] with micro-batch i = rows i, i+k, i+2k, … (strided)."""
+  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _off_policy(mb, cfg: Config):
+  """The sampler-vs-trainer correction over the whole mini-batch (core.offpolicy): (the
+  mini-batch with its corrected loss mask, the tis weights or None, metrics)."""
+  algo = cfg.algo
+  if mb.on_policy and (algo.is_correction != "none" or mb.behav_logp_BxS is not None):
+    raise ValueError("train_step: an on-policy mini-batch (no old_logp_BxS) has no trainer "
+                     "log-probs to weigh the sampler's (behav_logp_BxS) against; needs "
+                     f"config.algo.is_correction='none' (got {algo.is_correction!r}) and no "
+                     "behav_logp_BxS")
+  if mb.behav_logp_BxS is None:
+    if algo.is_correction != "none":
+      raise ValueError(f"config.algo.is_correction={algo.is_correction!r} needs the sampler's "
+                       "log-probs in the mini-batch (MiniBatch.behav_logp_BxS)")
+    return mb, None, {}
+  weight, mask, aux = offpolicy.is_correction(mb.old_logp_BxS, mb.behav_logp_BxS,
+                                              mb.loss_mask_BxS, kind=algo.is_correction,
+                                              cap=algo.is_cap)
+  weight = weight if algo.is_correction.startswith("tis") else None
+  return dataclasses.replace(mb, loss_mask_BxS=mask), weight, aux
+
+
+def _select(params, graphdef, mb, rows_k, n_used, cfg: Config, key, mesh):
+  """Clip-Cov / KL-Cov token selection from a no-gradient log-prob pass over the mini-batch."""
+  algo = cfg.algo
+  if mb.on_policy:
+    raise ValueError(f"train_step: loss_mode {algo.loss_mode!r} selects tokens from the old "
+                     "log-probs before the update; the mini-batch needs old_logp_BxS")
+
+  def add(i, acc):
+    rows = jax.tree.map(lambda x: x[i], rows_k)
+    return acc + _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh, with_entropy=False,
+                                 temperature=cfg.rollout.temperature)[0]
+
+  zeros = jnp.zeros(mb.loss_mask_BxS.shape, jnp.float32)
+  logp = jax.lax.stop_gradient(jax.lax.fori_loop(0, n_used, add, zeros))
+  return losses.select_tokens(logp, mb.old_logp_BxS, mb.adv_B, mb.loss_mask_BxS,
+                              mode=algo.loss_mode, key=key, **algo.loss_params())
+
+
+def _micro_batches(mb, cfg: Config) -> int:
+  b = mb.tokens_BxS.shape[0]
+  mbs = cfg.train.micro_batch_size or b
+  if b % mbs:
+    raise ValueError(f"micro_batch_size: {mbs} does not divide the mini-batch of {b} sequences")
+  return b // mbs
+
+
+def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=None):
+  """(loss, grads, metrics, TokenStats or None) over the whole mini-batch (a train_step
+  MiniBatch), accumulated over micro-batches if asked. The model runs on the packing plan's rows
+  (without one, every sequence is its own row), only on micro-batches that hold a sequence.
+  key: for Clip-Cov's random pick (default PRNGKey(cfg.seed)). mesh: training attention's."""
+  k = _micro_batches(minibatch, cfg)
+  mb, weight, is_aux = _off_policy(minibatch, cfg)
+  if mb.pack is None:
+    mb = dataclasses.replace(mb, pack=packing.identity_plan(mb.tokens_BxS, mb.attn_mask_BxS,
+                                                            micro_batches=k))
+  p = mb.pack
+  rows_k = tuple(_split(x, k) for x in (p.tokens_BxS, p.segments_BxS, p.positions_BxS))
+  n_used = jnp.max(p.micro_B) + 1
+  denominator = losses.loss_denominator(mb.loss_mask_BxS, agg=cfg.algo.loss_agg)
+  selected = None
+  if losses.MODES[cfg.algo.loss_mode].selects:
+    key = jax.random.PRNGKey(cfg.seed) if key is None else key
+    selected = _select(params, graphdef, mb, rows_k, n_used, cfg, key, mesh)
+  whole = _WholeBatch(is_weight_BxS=weight, selected_BxS=selected)
+  grad_fn = jax.value_and_grad(_objective, has_aux=True)
+  run = lambda i, rows: grad_fn(params, graphdef, mb, whole, rows, i, denominator, cfg, mesh)
+  shapes = jax.eval_shape(run, 0, jax.tree.map(lambda x: x[0], rows_k))
+  skip = lambda i, rows: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def body(carry, xs):
+    (l, (terms, tokens)), g = jax.lax.cond(xs[0] < n_used, run, skip, *xs)
+    return jax.tree.map(jnp.add, carry, (l, g, tokens)), terms
+
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1],
+                                                               shapes[0][1][1]))
+  (loss, grads, tokens), terms_k = jax.lax.scan(body, zeros, (jnp.arange(k), rows_k))
+  return loss, grads, dict(_combine(terms_k), **is_aux), tokens

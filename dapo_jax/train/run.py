@@ -1,0 +1,101 @@
+"""The live parts of a run (`Run`), built once from a validated Config (`build`)."""
+import dataclasses
+import functools
+import os
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from dapo_jax import sharding
+from dapo_jax.config import Config
+from dapo_jax.data.pipeline import PromptIterator
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.rollout import budget
+from dapo_jax.rollout.sampler import GroupSampler
+from dapo_jax.train import checkpoint_dirs, placement, setup, sft
+from dapo_jax.train import prefilter as prefilter_lib
+from dapo_jax.train import state as state_lib
+from dapo_jax.train import train_step as train_step_lib
+
+if TYPE_CHECKING:  # train/pipeline.py imports this module
+  from dapo_jax.train.pipeline import Pipeline
+
+
+@dataclasses.dataclass
+class Run:
+  """The live parts of a run (built once by `build`); the loop advances `step` and the state."""
+  cfg: Config
+  workdir: str
+  mesh: jax.sharding.Mesh           # the trainer's (data x fsdp x tensor)
+  placement: placement.Placement    # which devices train and which sample
+  task: setup.Task
+  graphdef: nnx.GraphDef
+  model_config: ModelConfig
+  state: state_lib.TrainState
+  optimizer: optax.GradientTransformation
+  sampler: GroupSampler             # its own bf16/f32 copy of the weights, on its own mesh
+  data: PromptIterator
+  ref_params: nnx.State | None      # the frozen reference policy (algo.kl_coef > 0)
+  step: int = 0
+  bad_steps: int = 0
+  first_length: float | None = None
+  length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
+  prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
+  pipeline: "Pipeline | None" = None  # the sampler's side when rollout.max_staleness >= 1
+
+
+def _build_sampler(cfg: Config, model, mcfg, placed: placement.Placement) -> GroupSampler:
+  """The sampler owns its copy of the weights, moved device-to-device in its dtype onto its
+  own mesh (its devices: every chip, or its share of a split; replicas x tensor); with several
+  processes each host drives its own devices. Its slots and pages come from the KV-cache budget
+  (rollout.kv_cache_gib, num_slots)."""
+  sampler_mesh = placement.build_sampler_mesh(cfg, placed.local_sampler())
+  return budget.build_sampler(cfg, model, mcfg, sampler_mesh)
+
+
+def _warm_start(cfg: Config, graphdef, params, task, mesh):
+  return sft.warm_start(
+      graphdef, params, task.train, task.tokenizer, steps=cfg.warm_start.steps,
+      batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr, seq_len=cfg.seq_len,
+      eos_id=task.eos_ids[0], seed=cfg.seed, data_sharding=sharding.data_sharding(mesh),
+      use_chat_template=cfg.task.chat_template, demo=setup.demo_fn(cfg))[0]
+
+
+def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
+  placed = placement.place(cfg)
+  mesh = placement.build_mesh(cfg, placed.trainer) if mesh is None else mesh
+  setup.check_batch_fits_mesh(cfg, mesh)
+  task = setup.load_task(cfg)
+  model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
+  graphdef, params = nnx.split(model)
+  has_ckpt = resume and checkpoint_dirs.latest(os.path.join(workdir, "checkpoints")) is not None
+  if cfg.warm_start.steps and not has_ckpt:
+    params = _warm_start(cfg, graphdef, params, task, mesh)
+  optim = cfg.optim
+  optimizer = state_lib.make_optimizer(
+      lr=optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=optim.weight_decay,
+      grad_clip=optim.grad_clip, b1=optim.b1, b2=optim.b2, eps=optim.eps)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer),
+                  out_shardings=state_lib.shardings(params, optimizer, replicated))(params)
+  sampler = _build_sampler(cfg, nnx.merge(graphdef, params), mcfg, placed)
+  pidx, pcount = setup.process_info()
+  data = PromptIterator(task.train, task.tokenizer, batch_size=cfg.prompts_per_round,
+                        seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
+                        shard_index=pidx, num_shards=pcount,
+                        use_chat_template=cfg.task.chat_template)
+  ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.kl_coef > 0 else None
+  return Run(cfg=cfg, workdir=workdir, mesh=mesh, placement=placed, task=task, graphdef=graphdef,
+             model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
+             ref_params=ref_params,
+             prefilter=prefilter_lib.from_config(cfg.algo, seed=cfg.seed, num_processes=pcount))
+
+
+def jitted_update(run: Run):
+  """The run's `train_step`, jitted once with its state's layout (train_step.jit_train_step)."""
+  return train_step_lib.jit_train_step(
+      run.cfg, graphdef=run.graphdef, optimizer=run.optimizer, mesh=run.mesh,
+      state_shardings=jax.tree.map(lambda x: x.sharding, run.state))

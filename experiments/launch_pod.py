@@ -1,0 +1,163 @@
+"""The commands a launch runs on Cloud TPU: the slice (a queued resource), the workers' set-up,
+a run on every worker, the GKE/xpk workload, and the ahead-of-time fit check.
+
+Each function returns the argv of one command; experiments/launch.py prints them (--dry_run) or
+runs them. No cloud access is needed to build them, so tests check them field by field.
+"""
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from launch_runs import REPO, LaunchError, RunSpec
+
+# Default TPU VM software per TPU generation (gcloud's --runtime-version).
+RUNTIME_VERSIONS = {"v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
+                    "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
+# gcloud's accelerator type prefix -> the fit check's slice name (dapo_jax.aot.topology).
+_TOPOLOGY_NAMES = {"v5litepod": "v5e"}
+ACTIVE, FAILED_STATES = "ACTIVE", ("FAILED", "SUSPENDING", "SUSPENDED")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+  """Where a TPU VM pod's runs go (gcloud's names)."""
+  tpu_name: str
+  zone: str
+  project: str = ""
+  repo_dir: str = "~/dapo_jax"  # on each worker, used unquoted so that ~ expands
+
+  def gcloud(self, verb: str, *positional: str, flags=()) -> list[str]:
+    """`gcloud compute tpus <verb> <positional> --zone=Z [--project=P] <flags>`."""
+    cmd = ["gcloud", "compute", "tpus", *verb.split(), *positional, f"--zone={self.zone}"]
+    return cmd + ([f"--project={self.project}"] if self.project else []) + list(flags)
+
+
+def topology_of(accelerator_type: str) -> str:
+  """The fit check's slice name for a gcloud accelerator type (v5litepod-16 -> v5e-16)."""
+  gen, _, size = accelerator_type.partition("-")
+  if gen not in RUNTIME_VERSIONS or not size.isdigit():
+    raise LaunchError(f"--accelerator_type={accelerator_type}: expected <generation>-<cores> "
+                      f"with a generation of {sorted(RUNTIME_VERSIONS)}, e.g. v5p-128")
+  return f"{_TOPOLOGY_NAMES.get(gen, gen)}-{size}"
+
+
+def runtime_version(accelerator_type: str, given: str = "") -> str:
+  return given or RUNTIME_VERSIONS[accelerator_type.partition("-")[0]]
+
+
+# ----- the slice: a queued resource ------------------------------------------------------------
+def queued_resource_create(pod: Pod, *, accelerator_type: str, runtime: str,
+                           capacity: str) -> list[str]:
+  """Asks for the slice; the queued resource and the TPU VM share the pod's name."""
+  cmd = pod.gcloud("queued-resources create", pod.tpu_name, flags=(
+      f"--node-id={pod.tpu_name}", f"--accelerator-type={accelerator_type}",
+      f"--runtime-version={runtime}"))
+  return cmd + {"on-demand": [], "spot": ["--spot"], "reserved": ["--reserved"]}[capacity]
+
+
+def queued_resource_delete(pod: Pod) -> list[str]:
+  """Removes a request that failed or whose slice was preempted (its TPU VM too), so that the
+  same name can be asked for again."""
+  return pod.gcloud("queued-resources delete", pod.tpu_name, flags=("--force", "--quiet"))
+
+
+def queued_resource_state(pod: Pod) -> list[str]:
+  """Prints the request's state (WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, FAILED, ...)."""
+  return pod.gcloud("queued-resources describe", pod.tpu_name,
+                    flags=("--format=value(state.state)",))
+
+
+# ----- the workers: the launching commit's tree and the TPU requirements -----------------------
+def repo_commit() -> tuple[str, bool]:
+  """(HEAD's sha, whether the working tree has changes a commit does not hold)."""
+  sha = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                       text=True, check=True).stdout.strip()
+  dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+  return sha, bool(dirty)
+
+
+def setup_commands(pod: Pod, sha: str) -> list[list[str]]:
+  """Idempotent: the commit's tree replaces <repo_dir> on every worker only when its
+  .commit differs, and pip installs requirements-tpu.txt (a no-op once satisfied)."""
+  archive = f"/tmp/dapo_jax-{sha[:12]}.tar.gz"
+  d = pod.repo_dir
+  script = (f"set -e; if [ \"$(cat {d}/.commit 2>/dev/null)\" != {sha} ]; then "
+            f"rm -rf {d}.new && mkdir -p {d}.new && tar -xzf {archive} -C {d}.new && "
+            f"echo {sha} > {d}.new/.commit && rm -rf {d} && mv {d}.new {d}; fi; "
+            f"python3 -m pip install --quiet -r {d}/requirements-tpu.txt")
+  return [["git", "-C", REPO, "archive", "--format=tar.gz", f"--output={archive}", sha],
+          pod.gcloud("tpu-vm scp", archive, f"{pod.tpu_name}:{archive}", flags=("--worker=all",)),
+          pod.gcloud("tpu-vm ssh", pod.tpu_name, flags=("--worker=all", f"--command={script}"))]
+
+
+# ----- a run ---------------------------------------------------------------------------------
+def tpu_pod_command(run: RunSpec, pod: Pod) -> list[str]:
+  """The gcloud command that runs this run's main on every worker of the pod."""
+  inner = " ".join(shlex.quote(a) for a in run.argv(python="python3"))
+  return pod.gcloud("tpu-vm ssh", pod.tpu_name,
+                    flags=("--worker=all", f"--command=cd {pod.repo_dir} && {inner}"))
+
+
+def workload_name(run_name: str) -> str:
+  """xpk's workload name for a run: [a-z]([-a-z0-9]*[a-z0-9])?, at most 40 characters."""
+  name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+  name = ("r-" + name if not name[:1].isalpha() else name)[:40].rstrip("-")
+  return name
+
+
+def xpk_command(run: RunSpec, *, cluster: str, accelerator_type: str, image: str, zone: str,
+                project: str, max_restarts: int) -> list[str]:
+  """`xpk workload create` for a run (GKE): xpk adds the repo (the script dir) to `image`; the
+  command installs requirements-tpu.txt there (a no-op when the image has them) and runs main
+  with --resume, so a restart after a preemption (JobSet, --max-restarts) continues from the
+  newest checkpoint (a first start finds none and starts at step 0)."""
+  inner = run.argv(python="python3")
+  inner = ["python3", "-m", "pip", "install", "--quiet", "-r", "requirements-tpu.txt", "&&",
+           *inner, *([] if "--resume" in inner else ["--resume"])]
+  cmd = ["xpk", "workload", "create", f"--cluster={cluster}",
+         f"--workload={workload_name(run.name)}", f"--tpu-type={accelerator_type}",
+         "--num-slices=1", f"--base-docker-image={image}", f"--script-dir={REPO}",
+         f"--max-restarts={max_restarts}",
+         f"--command={' '.join(a if a == '&&' else shlex.quote(a) for a in inner)}"]
+  return cmd + ([f"--zone={zone}"] if zone else []) + (
+      [f"--project={project}"] if project else [])
+
+
+# ----- the fit check ---------------------------------------------------------------------------
+# Overrides that change no compiled shape or buffer: runs differing only in these share one
+# ahead-of-time check (an eps_high sweep compiles once; a max_new_tokens sweep does not).
+_AOT_NEUTRAL = ("seed", "algo.eps_low", "algo.eps_high", "algo.clip_c", "algo.overlong_cache_len",
+                "algo.overlong_factor", "algo.overlong_penalty", "algo.overlong_filter",
+                "rollout.temperature", "rollout.top_p", "rollout.top_k", "train.num_steps",
+                "optim.", "eval.", "checkpoint.", "log.", "distributed.")
+
+
+def aot_key(run: RunSpec) -> tuple:
+  kept = {k: v for k, v in run.overrides.items() if not k.startswith(_AOT_NEUTRAL)}
+  return (run.config_arg, tuple(sorted((k, str(v)) for k, v in kept.items())))
+
+
+def aot_check(runs: list, topology: str) -> list[str]:
+  """Compiles each distinct run for the slice (python -m dapo_jax.aot); returns the names of
+  runs that do not fit (or whose check failed)."""
+  groups: dict = {}
+  for run in runs:
+    groups.setdefault(aot_key(run), []).append(run)
+  misfits = []
+  for (config_arg, kept), members in groups.items():
+    cmd = [sys.executable, "-m", "dapo_jax.aot", f"--config={config_arg}",
+           f"--topology={topology}"] + [f"--config.{k}={v}" for k, v in kept]
+    print(f"[aot] {', '.join(r.name for r in members)}: {' '.join(map(shlex.quote, cmd))}",
+          flush=True)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    print("\n".join(l for l in p.stdout.splitlines() if not l.startswith("[aot] ")))
+    if p.returncode not in (0, 1):  # failed before a verdict (a bad config, no libtpu)
+      print((p.stderr.strip().splitlines() or ["the check failed"])[-1])
+    if p.returncode != 0:
+      misfits += [r.name for r in members]
+  return misfits
