@@ -36,6 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
       moe_intermediate_size=128,  # channels of each expert's SwiGLU; used likewise
       norm_topk_prob=True,      # gate weights: the k router probabilities renormalised to sum 1
       moe_impl="grouped",       # experts: grouped (ragged_dot, TPU) | dense (all experts; small E on CPU)
+      routing_replay=False,     # MoE: the trainer routes each token by the sampler's experts (bool)
   )
   c.task = dict(
       name="synthetic",

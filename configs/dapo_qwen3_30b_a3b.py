@@ -12,8 +12,8 @@ EXPECTED: not run here (no accelerator, no network for the checkpoint). Fit and 
   slice, checked on CPU (no weights needed: the architecture is the preset of the same name in
   dapo_jax/aot/shapes.py when the checkpoint directory is absent):
   python -m dapo_jax.aot --config=configs/dapo_qwen3_30b_a3b.py --topology=v5p-32 (docs/scale.md)
-Routing replay (the sampler's expert choices replayed by the trainer) is a model feature
-(dapo_jax/models/moe.py); the trainer's wiring of it is not in this config yet.
+Routing replay is on: the sampler records every token's 8 experts in each of the 48 layers and
+the old-log-prob pass and the update route by them (docs/moe.md).
 """
 from configs import dapo_qwen25_32b
 from configs.base import parse_arg
@@ -24,7 +24,9 @@ def get_config(arg=None):
   c = dapo_qwen25_32b.get_config(f"hf_path={opts['hf_path']},steps={opts['steps']}")
   c.model.logits_chunk = 2048           # tokens per log-prob chunk (V = 151,936)
   c.model.moe_impl = "grouped"          # ragged_dot over the tokens of each expert (XLA:TPU)
+  c.model.routing_replay = True         # the trainer routes by the sampler's experts
   c.mesh.data = 1                       # 16 chips: fsdp 4 x tensor 4 (experts split over fsdp)
   c.mesh.fsdp = -1
   c.mesh.tensor = 4
+  c.train.micro_batch_size = 4          # one sequence per batch shard (4 shards of 16 chips)
   return c

@@ -25,4 +25,5 @@ def get_config(arg=None):
   c.model.moe_intermediate_size = 128  # channels per expert (2 active: 256 vs the dense 384)
   c.model.norm_topk_prob = True
   c.model.moe_impl = "dense"           # 4 experts on CPU: all-experts beats ragged_dot (docs)
+  c.model.routing_replay = True        # the trainer routes each token by the sampler's experts
   return runlocal(c) if opts["runlocal"] else c

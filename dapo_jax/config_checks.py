@@ -69,6 +69,8 @@ def _validate_experts(m: "ModelCfg"):
     _positive("model", m, "num_experts_per_tok", "moe_intermediate_size")
     _require(m.num_experts_per_tok <= m.num_experts, "model.num_experts_per_tok",
              f"{m.num_experts_per_tok} experts per token exceed num_experts {m.num_experts}")
+  _require(not (m.routing_replay and m.source == "config" and not m.num_experts),
+           "model.routing_replay", "needs a mixture-of-experts model (num_experts > 0)")
 
 
 def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):

@@ -39,6 +39,7 @@ class ModelCfg:
   moe_intermediate_size: int  # channels of each expert's SwiGLU
   norm_topk_prob: bool        # gate weights: the k router probabilities renormalised to sum 1
   moe_impl: str               # expert computation: grouped (ragged_dot) | dense (every expert)
+  routing_replay: bool        # the sampler records each token's experts, the trainer routes by them
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,8 @@ def _cfg(**fields):
 # ---- model fields ---------------------------------------------------------------------------
 def test_every_model_field_is_routed():
   names = {f.name for f in dataclasses.fields(config_lib.ModelCfg)}
-  routed = set(setup.SOURCE_FIELDS) | set(setup.ARCH_FIELDS) | set(setup.RUN_FIELDS)
+  routed = (set(setup.SOURCE_FIELDS) | set(setup.ARCH_FIELDS) | set(setup.RUN_FIELDS)
+            | set(setup.TRAINER_FIELDS))
   assert names == routed, f"ModelCfg fields not routed to the model: {names ^ routed}"
 
 

@@ -68,4 +68,5 @@ def routing_of(cfg, layer_routing, valid_BxT) -> moe.Routing | None:
   return moe.Routing(expert_ids_LxBxTxK=layer_routing.ids,
                      tokens_per_expert_LxE=layer_routing.tokens_per_expert,
                      router_prob_LxE=layer_routing.router_prob,
-                     num_tokens=jnp.sum(valid_BxT.astype(jnp.float32)))
+                     num_tokens=jnp.sum(valid_BxT.astype(jnp.float32)),
+                     agree_L=layer_routing.agree)

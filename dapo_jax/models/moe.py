@@ -36,6 +36,7 @@ class LayerRouting(NamedTuple):
   ids: jax.Array             # int32 [B, T, K]: each token's experts, by decreasing probability
   tokens_per_expert: jax.Array  # float32 [E]: (token, slot) pairs per expert, valid tokens only
   router_prob: jax.Array     # float32 [E]: router probability summed over valid tokens
+  agree: jax.Array           # float32: valid tokens whose own top-k set is the one used
 
 
 class Routing(NamedTuple):
@@ -44,6 +45,8 @@ class Routing(NamedTuple):
   tokens_per_expert_LxE: jax.Array  # float32: expert load per layer over valid tokens
   router_prob_LxE: jax.Array      # float32: router probability per expert, summed likewise
   num_tokens: jax.Array           # float32 scalar: valid tokens (mask or segment ids > 0)
+  agree_L: jax.Array              # float32 [Lm]: valid tokens whose router's own top-k set
+                                  # equals the one used (all of them without replay)
 
   def load_balancing_loss(self):
     """The auxiliary loss of `load_balancing_loss` for this pass (the trainer may add
@@ -136,8 +139,20 @@ def moe_block(cfg, p: dict, x_BxTxD, *, valid_BxT, replay_BxTxK=None, mesh=None)
     y = _grouped_on_mesh(mesh, x, ids, w, *weights)
   else:
     y = experts_grouped(x, ids, w, *weights)
-  load, prob = _stats(ids, probs, valid_BxT.reshape(-1), cfg.num_experts)
-  return y.reshape(b, t, d), LayerRouting(ids.reshape(b, t, k), load, prob)
+  valid = valid_BxT.reshape(-1)
+  load, prob = _stats(ids, probs, valid, cfg.num_experts)
+  return y.reshape(b, t, d), LayerRouting(ids.reshape(b, t, k), load, prob,
+                                          _agree(ids, probs, valid, replayed=replay is not None))
+
+
+def _agree(ids_NxK, p_NxE, valid_N, *, replayed: bool):
+  """Valid tokens whose router's own top-k set equals the experts used (replay)."""
+  v = valid_N.astype(jnp.float32)
+  if not replayed:
+    return jnp.sum(v)
+  own = jnp.sort(jax.lax.top_k(p_NxE, ids_NxK.shape[1])[1].astype(jnp.int32), axis=-1)
+  same = jnp.all(own == jnp.sort(ids_NxK, axis=-1), axis=-1)
+  return jnp.sum(v * same.astype(jnp.float32))
 
 
 def _batch_shards(mesh) -> int:

@@ -108,6 +108,7 @@ SOURCE_FIELDS = ("source", "hf_path")
 ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings", "num_experts",
                "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+TRAINER_FIELDS = ("routing_replay",)  # read by the run (sampler, batch), not the model
 RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
               "attention_chunk", "moe_impl")
 
