@@ -31,6 +31,12 @@ def base_config() -> ml_collections.ConfigDict:
       logits_chunk=512,         # tokens per log-prob chunk
       attention_impl="auto",    # training attention: splash on TPU, gpu_flash on GPU, blocked elsewhere (models/attention.py)
       attention_chunk=256,      # positions per attention block (blocked: causal skipping)
+      num_experts=0,            # experts per MoE layer (Qwen3-MoE); 0 = dense MLP (Qwen2)
+      num_experts_per_tok=2,    # experts per token (k); used when num_experts > 0
+      moe_intermediate_size=128,  # channels of each expert's SwiGLU; used likewise
+      norm_topk_prob=True,      # gate weights: the k router probabilities renormalised to sum 1
+      moe_impl="grouped",       # experts: grouped (ragged_dot, TPU) | dense (all experts; small E on CPU)
+      routing_replay=False,     # MoE: the trainer routes each token by the sampler's experts (bool)
   )
   c.task = dict(
       name="synthetic",

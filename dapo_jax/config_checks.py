@@ -59,6 +59,19 @@ def _validate_model(m: "ModelCfg"):
     _require(getattr(m, f) in ("float32", "bfloat16"), f"model.{f}",
              f"must be float32 or bfloat16, got {getattr(m, f)!r}")
   _positive("model", m, "logits_chunk")
+  _validate_experts(m)
+
+
+def _validate_experts(m: "ModelCfg"):
+  _require(m.moe_impl in ("grouped", "dense"), "model.moe_impl",
+           f"must be 'grouped' or 'dense', got {m.moe_impl!r}")
+  _positive("model", m, "num_experts", allow_zero=True)
+  if m.source == "config" and m.num_experts:
+    _positive("model", m, "num_experts_per_tok", "moe_intermediate_size")
+    _require(m.num_experts_per_tok <= m.num_experts, "model.num_experts_per_tok",
+             f"{m.num_experts_per_tok} experts per token exceed num_experts {m.num_experts}")
+  _require(not (m.routing_replay and m.source == "config" and not m.num_experts),
+           "model.routing_replay", "needs a mixture-of-experts model (num_experts > 0)")
 
 
 def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):

@@ -33,6 +33,13 @@ class ModelCfg:
   logits_chunk: int           # tokens per chunk of the chunked log-prob computation
   attention_impl: str         # training attention: auto (splash on TPU, gpu_flash on GPU, else blocked) | blocked | splash | gpu_flash | plain
   attention_chunk: int        # positions per attention block (blocked / plain training attention)
+  # Mixture of experts (Qwen3-MoE, models/moe.py), for source == "config"; a checkpoint has its own.
+  num_experts: int            # experts per MoE layer; 0 = a dense MLP (the Qwen2 family)
+  num_experts_per_tok: int    # k: experts each token is routed to
+  moe_intermediate_size: int  # channels of each expert's SwiGLU
+  norm_topk_prob: bool        # gate weights: the k router probabilities renormalised to sum 1
+  moe_impl: str               # expert computation: grouped (ragged_dot) | dense (every expert)
+  routing_replay: bool        # the sampler records each token's experts, the trainer routes by them
 
 
 # How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
@@ -42,9 +49,11 @@ class ModelCfg:
 # RUN_FIELDS are run settings applied to the model whatever the source (train/setup.py).
 SOURCE_FIELDS = ("source", "hf_path")
 ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings")
+               "num_kv_heads", "head_dim", "rope_theta", "tie_word_embeddings", "num_experts",
+               "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+TRAINER_FIELDS = ("routing_replay",)  # read by the run (sampler, batch), not the model
 RUN_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "logits_chunk", "attention_impl",
-              "attention_chunk")
+              "attention_chunk", "moe_impl")
 
 
 @dataclasses.dataclass(frozen=True)

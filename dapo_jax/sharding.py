@@ -25,6 +25,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
+    ("expert", "fsdp"),  # MoE experts [E, ...]: split over fsdp (their channels over tensor)
     ("head_dim", None),
     ("layers", None),
     ("norm", None),

@@ -32,7 +32,8 @@ def _cfg(**fields):
 # ---- model fields ---------------------------------------------------------------------------
 def test_every_model_field_is_routed():
   names = {f.name for f in dataclasses.fields(config_lib.ModelCfg)}
-  routed = set(setup.SOURCE_FIELDS) | set(setup.ARCH_FIELDS) | set(setup.RUN_FIELDS)
+  routed = (set(setup.SOURCE_FIELDS) | set(setup.ARCH_FIELDS) | set(setup.RUN_FIELDS)
+            | set(setup.TRAINER_FIELDS))
   assert names == routed, f"ModelCfg fields not routed to the model: {names ^ routed}"
 
 
@@ -40,7 +41,9 @@ CHANGED = {"dtype": "bfloat16", "param_dtype": "bfloat16", "remat": True, "scan_
            "logits_chunk": 64,
            "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_layers": 2,
            "num_heads": 8, "num_kv_heads": 4, "head_dim": 16, "rope_theta": 5e5,
-           "tie_word_embeddings": False, "attention_impl": "plain", "attention_chunk": 64}
+           "tie_word_embeddings": False, "attention_impl": "plain", "attention_chunk": 64,
+           "num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 64,
+           "norm_topk_prob": False, "moe_impl": "dense"}
 
 
 @pytest.mark.parametrize("field", setup.ARCH_FIELDS + setup.RUN_FIELDS)

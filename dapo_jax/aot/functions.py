@@ -63,7 +63,9 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
   def arr(n, dtype, *shape):
     return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=dsh)
 
-  minibatch = train_step_lib.abstract_minibatch(cfg, dsh)
+  moe_shape = (len(mcfg.moe_layers), mcfg.num_experts_per_tok)
+  minibatch = train_step_lib.abstract_minibatch(cfg, dsh, moe_shape)
+  replay = (arr(rows, jnp.int16, t, *moe_shape),) if cfg.model.routing_replay else ()
   step = train_step_lib.jit_train_step(cfg, graphdef=model.graphdef, optimizer=optimizer,
                                        mesh=mesh,
                                        state_shardings=jax.tree.map(lambda x: x.sharding, state))
@@ -71,7 +73,8 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
                                    temperature=cfg.rollout.temperature, with_entropy=True))
   jobs = [Job("init_train_state", init, (model.params,), ()),
           Job("train_step", step, (state, minibatch), ("sampler_params", "ref_params")),
-          Job("old_logprobs", logp, (model.params, *(arr(rows, jnp.int32, t) for _ in range(3))),
+          Job("old_logprobs", logp,
+              (model.params, *(arr(rows, jnp.int32, t) for _ in range(3)), *replay),
               ("opt_state", "sampler_params", "ref_params"))]
   buffers = {"train_state": shapes.bytes_per_chip(state),
              "opt_state": shapes.bytes_per_chip(state.opt_state),
@@ -130,26 +133,28 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
       group_size=rollout.group_size, mcfg=mcfg, max_len=max_len, mesh_shape=smesh.shape,
       paged=rollout.paged_kv, hosts=hosts)
   sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype)
-  g, c, rest = sm.graphdef, mcfg, {}
+  g, c, rest, record = sm.graphdef, mcfg, {}, cfg.model.routing_replay  # record: the experts
   cache = _sampler_cache(cfg, mcfg, smesh, slots)
-  pg = cache["spec"]
-  np_batch = math.ceil(slots / rollout.group_size)  # make_sampler's default prefill batch
+  pg, np_batch = cache["spec"], math.ceil(slots / rollout.group_size)  # make_sampler's default
   prefix_sh = rstate.prefix_shardings(
-      smesh, cache_shape=(c.num_layers, 1, cfg.task.max_prompt_len, c.num_kv_heads, c.head_dim))
+      smesh, cache_shape=(c.num_layers, 1, cfg.task.max_prompt_len, c.num_kv_heads, c.head_dim),
+      record_experts=record)
   rep = NamedSharding(smesh, P())
 
   def host(shape, dtype):  # host numpy arguments land replicated
     return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
 
   st, state_sh = _decode_state(cfg, sm, smesh, slots, cache, host)
-  prefill = jax.jit(functools.partial(device_fns.prefill, g), out_shardings=prefix_sh)
+  prefill = jax.jit(functools.partial(device_fns.prefill, g, record_experts=record),
+                    out_shardings=prefix_sh)
   toks = (host((np_batch, cfg.task.max_prompt_len), jnp.int32), host((np_batch,), jnp.int32))
   prefix = shapes.sds(jax.eval_shape(prefill, sm.params, rest, *toks), prefix_sh)
   insert_fn, write_args, chunk_args = _insert_and_table(cfg, pg, smesh, slots, np_batch, host)
   ids = [host((slots,), jnp.int32)] * 5 + write_args
   insert = jax.jit(insert_fn, donate_argnums=(1,), out_shardings=state_sh)
   chunk = jax.jit(functools.partial(device_fns.generate_chunk, g, max_steps=steps_per_call,
-                                    per_layer=device_fns.per_layer_decode(smesh), paged=pg),
+                                    per_layer=device_fns.per_layer_decode(smesh), paged=pg,
+                                    record_experts=record),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
   jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks),
               ("train_state", "decode_state")),

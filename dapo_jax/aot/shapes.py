@@ -31,6 +31,13 @@ PRESETS = {
                        num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
                        rope_theta=1e6, tie_word_embeddings=False,
                        max_position_embeddings=131072),
+    "qwen3-30b-a3b-base": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
+                               rope_theta=1e6, tie_word_embeddings=False,
+                               max_position_embeddings=32768, architecture="qwen3_moe",
+                               qk_norm=True, attention_bias=False, num_experts=128,
+                               num_experts_per_tok=8, moe_intermediate_size=768,
+                               norm_topk_prob=True),
 }
 
 

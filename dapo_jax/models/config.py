@@ -4,53 +4,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-ARCHITECTURES = ("qwen2", "llama", "qwen3")
+from dapo_jax.models import hf_config
+from dapo_jax.models.hf_config import ARCHITECTURES, LLAMA3_KEYS
+
 ATTENTION_IMPLS = ("auto", "blocked", "splash", "gpu_flash", "plain")  # models/attention.py
-_HF_ARCH_NAMES = {
-    "qwen2": "Qwen2ForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+MOE_IMPLS = ("grouped", "dense")  # models/moe.py
 _DTYPES = ("float32", "bfloat16", "float16")
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
-                "original_max_position_embeddings")
-
-
-def _check_supported(d: Mapping[str, Any]) -> str:
-  """The config's model_type, or a ValueError naming the unsupported setting."""
-  model_type = d.get("model_type")
-  if model_type not in ARCHITECTURES:
-    raise ValueError(
-        f"unsupported architecture: config model_type={model_type!r} "
-        f"(architectures={d.get('architectures')!r}); supported: {ARCHITECTURES}")
-  act = d.get("hidden_act", "silu")
-  if act != "silu":
-    raise ValueError(f"unsupported hidden_act={act!r} in config (only 'silu')")
-  if d.get("mlp_bias", False):
-    raise ValueError("unsupported mlp_bias=True in config")
-  if d.get("use_sliding_window", False):
-    raise ValueError("unsupported use_sliding_window=True in config (full attention only)")
-  return model_type
-
-
-def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, dict | None]:
-  """(rope theta, llama3 scaling dict or None) from either transformers layout."""
-  rope = dict(d.get("rope_parameters") or {})
-  if d.get("rope_scaling"):  # transformers 4.x layout
-    rope.update(d["rope_scaling"])
-  theta = rope.pop("rope_theta", d.get("rope_theta", 10000.0))
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope.get("partial_rotary_factor", 1.0) != 1.0:
-    raise ValueError("unsupported partial_rotary_factor != 1 in config")
-  if rope_type == "default":
-    return float(theta), None
-  if rope_type != "llama3":
-    raise ValueError(f"unsupported rope_type={rope_type!r} in config "
-                     "(supported: 'default', 'llama3')")
-  scaling = {k: rope[k] for k in _LLAMA3_KEYS if k in rope}
-  scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 32768))
-  scaling["rope_type"] = "llama3"
-  return float(theta), scaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +39,15 @@ class ModelConfig:
   attention_chunk: int = 1024  # positions per attention block (full forward)
   # Training attention (models/attention.py): "auto" = splash on a TPU mesh, else blocked.
   attention_impl: str = "auto"
-  architecture: str = "qwen2"  # "qwen2" | "llama" | "qwen3"
+  architecture: str = "qwen2"  # "qwen2" | "llama" | "qwen3" | "qwen3_moe"
+  # Mixture of experts (qwen3_moe; models/moe.py). 0 experts = a dense model.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0  # k: experts each token is routed to
+  moe_intermediate_size: int = 0  # channels of each expert's SwiGLU
+  norm_topk_prob: bool = False  # gate weights: the top-k probabilities renormalised to sum 1
+  decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 ...
+  mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here (these are dense)
+  moe_impl: str = "grouped"  # expert computation: "grouped" (ragged_dot) | "dense" (reference)
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -110,9 +77,13 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.architecture must be one of {ARCHITECTURES}, "
           f"got {self.architecture!r}")
-    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "remat", "scan_layers"):
+    for name in ("tie_word_embeddings", "attention_bias", "qk_norm", "remat", "scan_layers",
+                 "norm_topk_prob"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
+    # A tuple (hashable, and a later edit of the caller's list cannot change this config).
+    object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+    _check_moe(self)
     if self.rope_scaling is not None:
       _check_rope_scaling(self.rope_scaling)
       # Own copy: a later edit of the caller's dict must not change this config.
@@ -124,36 +95,55 @@ class ModelConfig:
     return hash((items, scaling))
 
   @property
-  def num_params(self) -> int:
-    """Number of parameters (elements)."""
-    d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
-                       self.num_kv_heads, self.head_dim)
-    attn = d * h * hd * 2 + d * kv * hd * 2
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the MoE layers (HF Qwen3-MoE's rule); the others have a dense MLP."""
+    if not self.num_experts:
+      return ()
+    return tuple(i for i in range(self.num_layers) if i not in self.mlp_only_layers
+                 and (i + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def dense_layers(self) -> tuple[int, ...]:
+    moe = set(self.moe_layers)
+    return tuple(i for i in range(self.num_layers) if i not in moe)
+
+  @property
+  def mixed_layers(self) -> bool:
+    """Both dense and MoE layers: the layers then run unrolled (one scan needs one kind)."""
+    return bool(self.moe_layers) and bool(self.dense_layers)
+
+  def _attention_params(self) -> int:
+    d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+    attn = d * h * hd * 2 + d * kv * hd * 2 + 2 * d  # projections and the two layer norms
     if self.attention_bias:
       attn += h * hd + 2 * kv * hd
     if self.qk_norm:
       attn += 2 * hd
-    layer = attn + 3 * d * f + 2 * d
+    return attn
+
+  def _params(self, experts: int) -> int:
+    """Parameters counting `experts` experts per MoE layer (all or the k active ones)."""
+    d, n_moe = self.hidden_size, len(self.moe_layers)
+    mlp = len(self.dense_layers) * 3 * d * self.intermediate_size
+    moe = n_moe * (d * self.num_experts + experts * 3 * d * self.moe_intermediate_size)
     head = 0 if self.tie_word_embeddings else d * self.vocab_size
-    return self.vocab_size * d + self.num_layers * layer + d + head
+    return (self.vocab_size * d + self.num_layers * self._attention_params() + mlp + moe + d
+            + head)
+
+  @property
+  def num_params(self) -> int:
+    """Number of parameters (elements)."""
+    return self._params(self.num_experts)
+
+  @property
+  def num_active_params(self) -> int:
+    """Parameters one token uses: the router and k experts of each MoE layer (all if dense)."""
+    return self._params(self.num_experts_per_tok)
 
   @classmethod
   def from_hf_dict(cls, d: Mapping[str, Any], **overrides) -> "ModelConfig":
     """Builds a config from an HF `config.json` dict (transformers 4.x or 5.x layout)."""
-    model_type = _check_supported(d)
-    theta, scaling = _rope_from_hf(d)
-    heads = d["num_attention_heads"]
-    kwargs = dict(
-        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-        intermediate_size=d["intermediate_size"], num_layers=d["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=d.get("num_key_value_heads") or heads,
-        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-        rope_theta=float(theta), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3", rope_scaling=scaling,
-        max_position_embeddings=d.get("max_position_embeddings", 32768),
-        architecture=model_type)
+    kwargs = hf_config.kwargs_from_hf(d)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
       raise ValueError(f"unknown ModelConfig override(s): {sorted(unknown)}")
@@ -162,38 +152,38 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict:
     """The HF `config.json` dict that transformers loads into the same architecture."""
-    rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
-    if self.rope_scaling:
-      rope.update(self.rope_scaling)
-    d = {
-        "architectures": [_HF_ARCH_NAMES[self.architecture]],
-        "model_type": self.architecture,
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
-        "max_position_embeddings": self.max_position_embeddings,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "rope_parameters": rope, "rope_theta": self.rope_theta,
-        "dtype": self.param_dtype, "torch_dtype": self.param_dtype,
-        "use_cache": True,
-    }
-    if self.architecture != "qwen2":
-      d["attention_bias"] = self.attention_bias
-    elif not self.attention_bias:
-      raise ValueError("Qwen2 checkpoints always have q/k/v biases; "
-                       "ModelConfig.attention_bias=False cannot be exported as qwen2")
-    if self.architecture == "qwen3" and not self.qk_norm:
-      raise ValueError("Qwen3 checkpoints always have q/k norms; qk_norm=False cannot be "
-                       "exported as qwen3")
-    if self.architecture != "qwen3" and self.qk_norm:
-      raise ValueError(f"qk_norm=True cannot be exported as {self.architecture}")
-    if self.architecture == "llama":
-      d["mlp_bias"] = False
-    if self.rope_scaling:
-      d["rope_scaling"] = dict(self.rope_scaling)
-    return d
+    return hf_config.to_hf(self)
+
+
+def family_fields(num_experts: int) -> dict:
+  """The family of a model built from sizes alone (no checkpoint): Qwen2 (q/k/v biases) when
+  dense, Qwen3-MoE (q/k norms, no biases) with experts."""
+  if not num_experts:
+    return {}
+  return dict(architecture="qwen3_moe", qk_norm=True, attention_bias=False)
+
+
+def _check_moe(c: ModelConfig):
+  """The expert fields: all zero for a dense family, consistent for qwen3_moe."""
+  if c.moe_impl not in MOE_IMPLS:
+    raise ValueError(f"ModelConfig.moe_impl must be one of {MOE_IMPLS}, got {c.moe_impl!r}")
+  moe = c.architecture == "qwen3_moe"
+  if not moe:
+    if c.num_experts:
+      raise ValueError(f"ModelConfig.num_experts={c.num_experts}: experts need "
+                       f"architecture='qwen3_moe', got {c.architecture!r}")
+    return
+  for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "decoder_sparse_step"):
+    value = getattr(c, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      raise ValueError(f"ModelConfig.{name} must be a positive int for qwen3_moe, got {value!r}")
+  if c.num_experts_per_tok > c.num_experts:
+    raise ValueError(f"ModelConfig.num_experts_per_tok ({c.num_experts_per_tok}) must be <= "
+                     f"num_experts ({c.num_experts})")
+  bad = [i for i in c.mlp_only_layers if not 0 <= i < c.num_layers]
+  if bad:
+    raise ValueError(f"ModelConfig.mlp_only_layers: {bad} not in [0, {c.num_layers})")
 
 
 def _check_rope_scaling(s: Mapping[str, Any]):
@@ -201,7 +191,7 @@ def _check_rope_scaling(s: Mapping[str, Any]):
   if rope_type != "llama3":
     raise ValueError(f"ModelConfig.rope_scaling: only rope_type 'llama3' is supported, "
                      f"got {rope_type!r}")
-  missing = [k for k in _LLAMA3_KEYS if k not in s]
+  missing = [k for k in LLAMA3_KEYS if k not in s]
   if missing:
     raise ValueError(f"ModelConfig.rope_scaling is missing {missing}")
   if not s["high_freq_factor"] > s["low_freq_factor"]:

@@ -2,7 +2,8 @@
 
 Loading reads one tensor at a time and places it straight into its target sharding (stacked
 layer weights are filled one layer slice at a time, in place), so host memory peaks at about
-one tensor, never the model.
+one tensor (one layer's experts of one projection for a MoE model), never the model.
+Reading the directory's files is `hf_files`; the name map is `hf_names`.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -18,135 +18,29 @@ import numpy as np
 from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
-from safetensors import SafetensorError, safe_open
 
 from dapo_jax import paths, remote_safetensors
 from dapo_jax import sharding as shd
 from dapo_jax.models.config import ModelConfig
-from dapo_jax.models.hf_names import TensorSpec, ignorable, tensor_specs
+from dapo_jax.models.hf_files import (INDEX_FILE, check_tokenizer, read_config, read_tensor,
+                                      resolve_path, tensor_files, tokenizer_vocab_size)
+from dapo_jax.models.hf_names import ignorable, tensor_specs
 from dapo_jax.models.qwen2 import Qwen2
 
-INDEX_FILE = "model.safetensors.index.json"
+__all__ = ["INDEX_FILE", "TOKENIZER_FILES", "check_tokenizer", "load_pretrained",
+           "read_config", "resolve_path", "save_pretrained", "tensor_files",
+           "tokenizer_vocab_size"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
 _ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias",
-                "qk_norm", "architecture")
+                "qk_norm", "architecture", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                "mlp_only_layers")
 
 
 # ----- reading ------------------------------------------------------------------------------
-def read_config(path: str | os.PathLike, **overrides) -> ModelConfig:
-  """ModelConfig from `path`/config.json (errors name the file)."""
-  file = Path(path) / "config.json"
-  if not file.is_file():
-    raise ValueError(f"no config.json in checkpoint directory {path}")
-  try:
-    d = json.loads(file.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{file}: not valid JSON ({e})") from e
-  if not isinstance(d, dict):
-    raise ValueError(f"{file}: expected a JSON object, got {type(d).__name__}")
-  try:
-    return ModelConfig.from_hf_dict(d, **overrides)
-  except KeyError as e:
-    raise ValueError(f"{file}: missing required key {e}") from e
-  except (ValueError, TypeError) as e:
-    raise ValueError(f"{file}: {e}") from e
-
-
-def tokenizer_vocab_size(path: str | os.PathLike) -> int | None:
-  """Tokens the tokenizer in `path` can emit (incl. added tokens), or None if it has none."""
-  path = Path(path)
-  if (path / "tokenizer.json").is_file():
-    from tokenizers import Tokenizer
-    try:
-      return Tokenizer.from_str((path / "tokenizer.json").read_text()).get_vocab_size(
-          with_added_tokens=True)
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-      raise ValueError(f"{path / 'tokenizer.json'}: cannot be read ({e})") from e
-  if (path / "vocab.json").is_file():
-    try:
-      ids = list(json.loads((path / "vocab.json").read_text()).values())
-      if (path / "added_tokens.json").is_file():
-        ids += list(json.loads((path / "added_tokens.json").read_text()).values())
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-      raise ValueError(f"{path}: vocab.json/added_tokens.json not valid ({e})") from e
-    return max(ids) + 1
-  return None
-
-
-def check_tokenizer(path: str | os.PathLike, cfg: ModelConfig):
-  """A tokenizer that can emit ids >= vocab_size would index past the embedding table."""
-  n = tokenizer_vocab_size(path)
-  if n is not None and n > cfg.vocab_size:
-    raise ValueError(f"vocab mismatch: the tokenizer in {path} has {n} tokens but the model "
-                     f"config has vocab_size={cfg.vocab_size}")
-
-
-def tensor_files(path: str | os.PathLike) -> dict[str, Path]:
-  """HF tensor name -> safetensors file, from the index file or by scanning the shards."""
-  path = Path(path)
-  index = path / INDEX_FILE
-  if index.is_file():
-    try:
-      weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise ValueError(f"{index}: not a valid safetensors index ({e!r})") from e
-    out = {name: path / f for name, f in weight_map.items()}
-    for f in sorted(set(out.values())):
-      if not f.is_file():
-        raise ValueError(f"{index} lists shard {f.name}, which is missing from {path}")
-    return out
-  files = sorted(path.glob("*.safetensors"))
-  if not files:
-    raise ValueError(f"no *.safetensors files (and no {INDEX_FILE}) in {path}")
-  out = {}
-  for f in files:
-    with _open(f) as h:
-      for name in h.keys():
-        if name in out:
-          raise ValueError(f"tensor {name!r} appears in both {out[name].name} and {f.name}")
-        out[name] = f
-  return out
-
-
-@contextlib.contextmanager
-def _open(file: Path):
-  try:
-    handle = (remote_safetensors.RemoteFile(file) if paths.is_url(file) else
-              safe_open(str(file), framework="numpy"))
-  except (SafetensorError, OSError) as e:
-    raise ValueError(f"corrupt or unreadable safetensors file {file}: {e}") from e
-  with handle as h:
-    yield h
-
-
-def _read(handles: dict, files: dict[str, Path], name: str, want: tuple[int, ...], dtype):
-  """One tensor as numpy in `dtype`, after checking it exists and has HF shape `want`."""
-  if name not in files:
-    raise ValueError(f"missing tensor {name!r} in checkpoint {_dir(files)}")
-  file = files[name]
-  if file not in handles:
-    handles[file] = handles["_stack"].enter_context(_open(file))
-  h = handles[file]
-  try:
-    got = tuple(h.get_slice(name).get_shape())
-  except SafetensorError as e:
-    raise ValueError(f"tensor {name!r} is not readable from {file}: {e}") from e
-  if got != want:
-    raise ValueError(f"shape mismatch for tensor {name!r} in {file}: checkpoint has {got}, "
-                     f"the config implies {want}")
-  try:
-    return h.get_tensor(name).astype(dtype, copy=False)
-  except (SafetensorError, ValueError, TypeError) as e:
-    raise ValueError(f"corrupt tensor {name!r} in {file}: {e}") from e
-
-
-def _dir(files: dict[str, Path]) -> str:
-  return str(next(iter(files.values())).parent) if files else "?"
-
-
 @functools.lru_cache(maxsize=None)
 def _zeros_fn(shape, dtype, sharding):
   return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
@@ -162,25 +56,6 @@ def _layer_sharding(sharding):
   if isinstance(sharding, NamedSharding):
     return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
   return sharding
-
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
-
-
-def resolve_path(path: str | os.PathLike) -> Path:
-  """A local checkpoint dir, or a hub id ("org/name") fetched with huggingface_hub."""
-  local = Path(path)
-  if local.is_dir():
-    return local
-  if local.exists() or not _HUB_ID.fullmatch(str(path)):
-    raise ValueError(f"checkpoint path {path} is not a directory")
-  import huggingface_hub  # only needed for hub ids
-  try:
-    return Path(huggingface_hub.snapshot_download(str(path), allow_patterns=_HUB_PATTERNS))
-  except Exception as e:  # offline, unknown repo, auth: all end the same way
-    raise ValueError(f"checkpoint path {path} is not a local directory and fetching it as a "
-                     f"hub id failed ({type(e).__name__}: {e})") from e
 
 
 def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
@@ -208,10 +83,15 @@ def load_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None,
   arrays, used = {}, set()
   with contextlib.ExitStack() as stack:
     handles = {"_stack": stack}
+
+    def read(name, want):
+      used.add(name)
+      return read_tensor(handles, files, name, want, pdt)
+
     for spec in tensor_specs(cfg):
       sds = variables[spec.path].get_value()
       sharding = targets[spec.path].get_value()
-      arrays[spec.path] = _load_one(spec, sds, sharding, handles, files, pdt, used)
+      arrays[spec.path] = _load_one(spec, sds, sharding, read, files.__contains__)
   unused = sorted(n for n in files if n not in used and not ignorable(n, cfg))
   if unused:
     raise ValueError(f"checkpoint {path} has {len(unused)} tensor(s) this "
@@ -229,20 +109,17 @@ def _place(x: np.ndarray, sharding):
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
-def _load_one(spec: TensorSpec, sds, sharding, handles, files, pdt, used):
+def _load_one(spec, sds, sharding, read, has):
+  """One parameter: read whole, or layer by layer into its stacked sharded array."""
   if not spec.layered:
-    shape = tuple(sds.shape)
-    x = _read(handles, files, spec.name(None), spec.hf_shape(shape), pdt)
-    used.add(spec.name(None))
-    return _place(spec.to_ours(x, shape), sharding)
+    return _place(spec.load(read, has, None, tuple(sds.shape)), sharding)
   n, per_layer = sds.shape[0], tuple(sds.shape[1:])
   out = _zeros_fn(tuple(sds.shape), sds.dtype, sharding)()
   set_layer = _set_layer_fn(sharding)
   layer_sharding = _layer_sharding(sharding)
   for i in range(n):
-    x = _read(handles, files, spec.name(i), spec.hf_shape(per_layer), pdt)
-    used.add(spec.name(i))
-    out = set_layer(out, _place(spec.to_ours(x, per_layer), layer_sharding), jnp.int32(i))
+    x = spec.load(read, has, i, per_layer)
+    out = set_layer(out, _place(x, layer_sharding), jnp.int32(i))
   return out
 
 
@@ -271,17 +148,15 @@ def _check_save_args(model: Qwen2, cfg: ModelConfig, tokenizer_dir, max_shard_by
 
 
 def _export_items(model: Qwen2, cfg: ModelConfig) -> list:
-  """(HF tensor name, host-array getter, bytes) per tensor; stacked layers split per layer."""
+  """(HF tensor name, host-array getter, bytes) per tensor; stacked layers split per layer
+  (and experts per expert)."""
   flat = dict(nnx.to_flat_state(nnx.state(model)))
   items = []
   for spec in tensor_specs(cfg):
     arr = flat[spec.path].get_value()
-    layers = range(arr.shape[0]) if spec.layered else [None]
-    per = arr.nbytes // (arr.shape[0] if spec.layered else 1)
-    for i in layers:
-      get = (lambda a=arr, s=spec: s.to_hf(_host(a))) if i is None else (
-          lambda a=arr, s=spec, i=i: s.to_hf(_host(a[i])))
-      items.append((spec.name(i), get, per))
+    for name, index, to_hf in spec.export_parts(tuple(arr.shape)):
+      nbytes = arr.nbytes // int(np.prod(arr.shape[:len(index)], dtype=np.int64))
+      items.append((name, lambda a=arr, i=index, f=to_hf: f(_host(a[i] if i else a)), nbytes))
   return items
 
 

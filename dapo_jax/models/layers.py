@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dapo_jax.models import moe
 from dapo_jax.models.config import ModelConfig
 
 # Finite, so a query row with no visible key (left padding) gives a uniform junk row, not NaN.
@@ -161,7 +162,17 @@ def swiglu(x, w_gate, w_up, w_down):
 
 
 def decoder_layer(cfg: ModelConfig, p: dict, h, cos, sin, attention):
-  """One pre-norm decoder layer; `attention(q, k, v) -> (out, aux)` hides cache handling."""
+  """One pre-norm decoder layer; `attention(q, k, v) -> (out, aux)` hides cache handling.
+  A MoE layer routes by its own router (`decoder_layer_routed` replays and reports routing)."""
+  h, aux, _ = decoder_layer_routed(cfg, p, h, cos, sin, attention)
+  return h, aux
+
+
+def decoder_layer_routed(cfg: ModelConfig, p: dict, h, cos, sin, attention, *,
+                         valid_BxT=None, replay_BxTxK=None, mesh=None):
+  """`decoder_layer` -> (h, aux, routing): routing is the MoE layer's `moe.LayerRouting`
+  (statistics over valid_BxT, default every token; replay_BxTxK: given expert ids), None
+  for a dense MLP (p has "router" exactly when the layer is MoE)."""
   dt = h.dtype
   eps = cfg.rms_norm_eps
   x = rms_norm(h, p["attn_norm"], eps=eps)
@@ -178,4 +189,10 @@ def decoder_layer(cfg: ModelConfig, p: dict, h, cos, sin, attention):
   o, aux = attention(q, k, v)
   h = h + dense(o, p["wo"], in_dims=2)
   x = rms_norm(h, p["mlp_norm"], eps=eps)
-  return h + swiglu(x, p["w_gate"], p["w_up"], p["w_down"]), aux
+  if "router" not in p:
+    return h + swiglu(x, p["w_gate"], p["w_up"], p["w_down"]), aux, None
+  if valid_BxT is None:
+    valid_BxT = jnp.ones(x.shape[:2], jnp.bool_)
+  y, routing = moe.moe_block(cfg, p, x, valid_BxT=valid_BxT, replay_BxTxK=replay_BxTxK,
+                             mesh=mesh)
+  return h + y, aux, routing

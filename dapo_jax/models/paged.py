@@ -197,7 +197,15 @@ def write(pages, layer, page_B, off_B, x_BxKvxHd):
 
 def decode_step(model, tokens_B, positions_B, pool, table_BxP, spec: PagedSpec, *,
                 layer_params=None):
-  """`Qwen2.decode_step` over a paged pool: one token per row, written at its position's
+  """`decode_step_routed` without the routing: (logits [B, V], pool)."""
+  return decode_step_routed(model, tokens_B, positions_B, pool, table_BxP, spec,
+                            layer_params=layer_params)[:2]
+
+
+def decode_step_routed(model, tokens_B, positions_B, pool, table_BxP, spec: PagedSpec, *,
+                       layer_params=None):
+  """(logits, pool, each MoE layer's experts for the tokens [Lm, B, K] int32 or None for a
+  dense model): `Qwen2.decode_step` over a paged pool: one token per row, written at its position's
   page, attending to its pages up to that position. The pool's form picks the layer loop
   (stacked [Kv, L, N, page, Hd]: scanned, in place; per-layer lists from `split_pages`:
   unrolled, with `layer_params` taken once outside the loop) and is returned in that form."""
@@ -216,22 +224,24 @@ def decode_step(model, tokens_B, positions_B, pool, table_BxP, spec: PagedSpec, 
   cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(cfg))
   h = jnp.take(model.embed.get_value(), tokens_B[:, None], axis=0).astype(model.dtype)
   if isinstance(pool["k"], (list, tuple)):
-    h, pool = _unrolled(cfg, layer_params or model.layer_params(), h, cos, sin, pool, attend,
-                        store)
+    h, pool, ids = _unrolled(cfg, layer_params or model.layer_params(), h, cos, sin, pool,
+                             attend, store)
   else:
-    h, pool = _scanned(cfg, model.layers.arrays(), h, cos, sin, pool, attend, store)
+    h, pool, ids = _scanned(cfg, model.layers.arrays(), h, cos, sin, pool, attend, store)
   h = L.rms_norm(h[:, 0], model.final_norm.get_value(), eps=cfg.rms_norm_eps)
-  return model.logits(h), pool
+  return model.logits(h), pool, (None if ids is None else ids[:, :, 0])
 
 
 def _unrolled(cfg, layer_params, h, cos, sin, pool, attend, store):
-  ks, vs = list(pool["k"]), list(pool["v"])
+  ks, vs, ids = list(pool["k"]), list(pool["v"]), []
   for i, p in enumerate(layer_params):
     def attention(q, k, v, i=i):
       ks[i], vs[i] = store(ks[i], None, k[:, 0]), store(vs[i], None, v[:, 0])
       return attend(q, ks[i], vs[i], None), None
-    h, _ = L.decoder_layer(cfg, p, h, cos, sin, attention)
-  return h, {"k": tuple(ks), "v": tuple(vs)}
+    h, _, routing = L.decoder_layer_routed(cfg, p, h, cos, sin, attention)
+    if routing is not None:
+      ids.append(routing.ids)
+  return h, {"k": tuple(ks), "v": tuple(vs)}, (jnp.stack(ids) if ids else None)
 
 
 def _scanned(cfg, stacked_params, h, cos, sin, pool, attend, store):
@@ -242,9 +252,9 @@ def _scanned(cfg, stacked_params, h, cos, sin, pool, attend, store):
     def attention(q, k, v):
       new["k"], new["v"] = store(kp, layer, k[:, 0]), store(vp, layer, v[:, 0])
       return attend(q, new["k"], new["v"], layer), None
-    h, _ = L.decoder_layer(cfg, p, h, cos, sin, attention)
-    return (h, layer + 1, new["k"], new["v"]), None
+    h, _, routing = L.decoder_layer_routed(cfg, p, h, cos, sin, attention)
+    return (h, layer + 1, new["k"], new["v"]), (None if routing is None else routing.ids)
 
   init = (h, jnp.int32(0), pool["k"], pool["v"])
-  (h, _, kp, vp), _ = jax.lax.scan(layer_step, init, stacked_params)
-  return h, {"k": kp, "v": vp}
+  (h, _, kp, vp), ids = jax.lax.scan(layer_step, init, stacked_params)
+  return h, {"k": kp, "v": vp}, ids

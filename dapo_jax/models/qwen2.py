@@ -1,12 +1,15 @@
-"""Qwen2-family decoder in Flax NNX (also Llama-3 and Qwen3 configs), with a KV-cache path.
+"""Qwen2-family decoder in Flax NNX (also Llama-3, Qwen3 and Qwen3-MoE configs), with a
+KV-cache path.
 
-Layer parameters are stacked on a leading `layers` axis and the layers run under
-`jax.lax.scan`, so compile time does not grow with depth. Every parameter carries its logical
-axis names in the `logical_axes` metadata; `dapo_jax.sharding` maps them to mesh axes.
+Layer parameters are stacked on a leading `layers` axis (`weights.Layers`) and the layers run
+under `jax.lax.scan`, so compile time does not grow with depth.
+
+Routing replay (Qwen3-MoE, `models/moe.py`): the `*_routed` passes also return the experts
+every token was routed to, per MoE layer (`ModelConfig.moe_layers`, in order), and every pass
+takes such ids to route by instead (`expert_ids_*`; ids < 0 = route that token by its own
+router); the gate weights still come from this model's router.
 """
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,64 +17,15 @@ from flax import nnx
 
 from dapo_jax.models import attention as attention_lib
 from dapo_jax.models import decode as decode_lib
+from dapo_jax.models import layer_loop
 from dapo_jax.models import layers as L
+from dapo_jax.models import moe
 from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.logprobs import routed_token_logprobs, token_logprobs
+from dapo_jax.models.weights import Layers, param
 
-__all__ = ["ModelConfig", "Qwen2", "token_logprobs", "default_positions"]
-
-# Logical axes of each KV-cache array [L, B, S, Kv, Hd].
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _normal(key, shape, std=0.02):
-  """N(0, std^2) from an RngBitGenerator stream keyed by `key`.
-
-  XLA:CPU compiles threefry sampling ~10x slower than RngBitGenerator (seconds per distinct
-  shape), and init needs no cross-version bit stability. The stream is sharding-invariant.
-  """
-  kd = jax.random.key_data(key).ravel().astype(jnp.uint32)
-  kd = jnp.resize(jnp.concatenate([kd, kd ^ jnp.uint32(0x9E3779B9)]), (4,))
-  return std * jax.random.normal(jax.random.wrap_key_data(kd, impl="rbg"), shape, jnp.float32)
-
-
-def _param(rngs, shape, axes, dtype, init="normal"):
-  if init == "normal":
-    value = _normal(rngs.params(), shape)
-  elif init == "ones":
-    value = jnp.ones(shape, jnp.float32)
-  else:
-    value = jnp.zeros(shape, jnp.float32)
-  return nnx.Param(value.astype(dtype), logical_axes=axes)
-
-
-class Layers(nnx.Module):
-  """All decoder layers' weights, stacked on a leading [L] axis."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    n, d, f = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
-    h, kv, k = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    p = functools.partial(_param, rngs, dtype=jnp.dtype(cfg.param_dtype))
-    self.attn_norm = p((n, d), ("layers", "norm"), init="ones")
-    self.wq = p((n, d, h, k), ("layers", "embed", "heads", "head_dim"))
-    self.wk = p((n, d, kv, k), ("layers", "embed", "kv_heads", "head_dim"))
-    self.wv = p((n, d, kv, k), ("layers", "embed", "kv_heads", "head_dim"))
-    self.wo = p((n, h, k, d), ("layers", "heads", "head_dim", "embed"))
-    if cfg.attention_bias:
-      self.bq = p((n, h, k), ("layers", "heads", "head_dim"), init="zeros")
-      self.bk = p((n, kv, k), ("layers", "kv_heads", "head_dim"), init="zeros")
-      self.bv = p((n, kv, k), ("layers", "kv_heads", "head_dim"), init="zeros")
-    if cfg.qk_norm:
-      self.q_norm = p((n, k), ("layers", "norm"), init="ones")
-      self.k_norm = p((n, k), ("layers", "norm"), init="ones")
-    self.mlp_norm = p((n, d), ("layers", "norm"), init="ones")
-    self.w_gate = p((n, d, f), ("layers", "embed", "mlp"))
-    self.w_up = p((n, d, f), ("layers", "embed", "mlp"))
-    self.w_down = p((n, f, d), ("layers", "mlp", "embed"))
-
-  def arrays(self) -> dict:
-    """The stacked weights as a dict of arrays (the `xs` of the layer scan)."""
-    return {name: v.get_value() for name, v in vars(self).items()
-            if isinstance(v, nnx.Param)}
+__all__ = ["ModelConfig", "Qwen2", "token_logprobs", "routed_token_logprobs",
+           "default_positions"]
 
 
 def default_positions(mask_BxT):
@@ -90,11 +44,11 @@ class Qwen2(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
-    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt)
+    self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pdt)
     self.layers = Layers(cfg, rngs=rngs)
-    self.final_norm = _param(rngs, (cfg.hidden_size,), ("norm",), pdt, init="ones")
+    self.final_norm = param(rngs, (cfg.hidden_size,), ("norm",), pdt, init="ones")
     if not cfg.tie_word_embeddings:
-      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
+      self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pdt)
 
   # ----- pieces ---------------------------------------------------------------------------
   @property
@@ -114,30 +68,11 @@ class Qwen2(nnx.Module):
   def _embed(self, tokens):
     return jnp.take(self.embed.get_value(), tokens, axis=0).astype(self.dtype)
 
-  def _run_layers(self, h, cos, sin, attention, remat=False):
-    """Every layer, under lax.scan or unrolled (cfg.scan_layers); returns (h, stacked aux).
-
-    Scan keeps compile time flat in depth; unrolled avoids the scan's per-layer weight
-    slices and, in the backward pass, its stacked gradient / residual updates.
-    """
-    def body(h, p):
-      return L.decoder_layer(self.cfg, p, h, cos, sin, attention)
-
-    if remat:
-      body = jax.checkpoint(body, prevent_cse=False,
-                            policy=jax.checkpoint_policies.nothing_saveable)
-    if self.cfg.scan_layers:
-      return jax.lax.scan(body, h, self.layers.arrays())
-    auxes = []
-    for p in self.layer_params():
-      h, aux = body(h, p)
-      auxes.append(aux)
-    return h, jax.tree.map(lambda *xs: jnp.stack(xs), *auxes)
-
   # ----- full sequence --------------------------------------------------------------------
   def _full(self, tokens_BxT, mask_BxT, positions_BxT, *, collect_kv: bool,
-            segment_ids_BxT=None, mesh=None):
-    """Hidden states (and each layer's K/V when collect_kv: prefill, on the plain path).
+            segment_ids_BxT=None, mesh=None, expert_ids_LxBxTxK=None):
+    """(hidden states, each layer's K/V when collect_kv (prefill, plain path) else None,
+    moe.Routing or None).
 
     Query t sees key s <= t of its own segment (`segment_ids_BxT`: packed rows, 0 = padding),
     or without segments every real key (mask_BxT) s <= t."""
@@ -146,6 +81,8 @@ class Qwen2(nnx.Module):
                     ("segment_ids_BxT", segment_ids_BxT)):
       if x is not None and x.shape != tokens_BxT.shape:
         raise ValueError(f"{name} shape {x.shape} != tokens_BxT shape {tokens_BxT.shape}")
+    layer_loop.check_replay(self.cfg, expert_ids_LxBxTxK, tokens_BxT.shape,
+                            "expert_ids_LxBxTxK")
     if positions_BxT is None:
       positions_BxT = default_positions(mask_BxT)
     if segment_ids_BxT is None:
@@ -161,19 +98,32 @@ class Qwen2(nnx.Module):
       return o, ((k, v) if collect_kv else None)
 
     h = self._embed(tokens_BxT)
-    h, kv = self._run_layers(h, cos, sin, attention, remat=self.cfg.remat)
+    h, kv, routing = layer_loop.run(self.cfg, self.layers, h, cos, sin, attention,
+                                    valid_BxT=kv_seg > 0, replay_LxBxTxK=expert_ids_LxBxTxK,
+                                    mesh=mesh)
     h = L.rms_norm(h, self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
-    return h, kv
+    return h, kv, layer_loop.routing_of(self.cfg, routing, kv_seg > 0)
+
+  def hidden_routed(self, tokens_BxT, mask_BxT, positions_BxT=None, *, segment_ids_BxT=None,
+                    mesh=None, expert_ids_LxBxTxK=None) -> tuple[jax.Array, moe.Routing | None]:
+    """(final-norm hidden states [B, T, D] in the compute dtype, moe.Routing or None for a
+    dense model); segments: see `_full`; expert_ids_LxBxTxK: routing replay (module doc)."""
+    h, _, routing = self._full(tokens_BxT, mask_BxT, positions_BxT, collect_kv=False,
+                               segment_ids_BxT=segment_ids_BxT, mesh=mesh,
+                               expert_ids_LxBxTxK=expert_ids_LxBxTxK)
+    return h, routing
 
   def hidden(self, tokens_BxT, mask_BxT, positions_BxT=None, *, segment_ids_BxT=None,
-             mesh=None):
-    """Final-norm hidden states [B, T, D] (compute dtype); segments: see `_full`."""
-    return self._full(tokens_BxT, mask_BxT, positions_BxT, collect_kv=False,
-                      segment_ids_BxT=segment_ids_BxT, mesh=mesh)[0]
+             mesh=None, expert_ids_LxBxTxK=None):
+    """Final-norm hidden states [B, T, D] (compute dtype); see `hidden_routed`."""
+    return self.hidden_routed(tokens_BxT, mask_BxT, positions_BxT,
+                              segment_ids_BxT=segment_ids_BxT, mesh=mesh,
+                              expert_ids_LxBxTxK=expert_ids_LxBxTxK)[0]
 
-  def __call__(self, tokens_BxT, mask_BxT, positions_BxT=None):
+  def __call__(self, tokens_BxT, mask_BxT, positions_BxT=None, *, expert_ids_LxBxTxK=None):
     """Full-sequence logits [B, T, V] in float32."""
-    return self.logits(self.hidden(tokens_BxT, mask_BxT, positions_BxT))
+    return self.logits(self.hidden(tokens_BxT, mask_BxT, positions_BxT,
+                                   expert_ids_LxBxTxK=expert_ids_LxBxTxK))
 
   # ----- KV cache -------------------------------------------------------------------------
   def init_cache(self, batch: int, max_len: int) -> dict:
@@ -184,11 +134,13 @@ class Qwen2(nnx.Module):
     shape = (c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim)
     return {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
 
-  def prefill(self, tokens_BxT, lengths_B, *, cache_len: int | None = None):
-    """Right-padded prompts -> (logits at position len-1 [B, V], cache with S = cache_len or T).
+  def prefill_routed(self, tokens_BxT, lengths_B, *, cache_len: int | None = None,
+                     expert_ids_LxBxTxK=None):
+    """Right-padded prompts -> (logits at position len-1 [B, V], cache with S = cache_len or
+    T, each token's experts [Lm, B, T, K] int32 or None for a dense model).
 
     Positions are 0..len-1. Cache entries past a row's length hold junk that decode_step
-    overwrites before it can be read.
+    overwrites before it can be read. expert_ids_LxBxTxK: routing replay (module doc).
     """
     _check_bt("tokens_BxT", tokens_BxT)
     _check_bt("lengths_B", lengths_B, ndim=1)
@@ -199,13 +151,21 @@ class Qwen2(nnx.Module):
       raise ValueError(f"prefill cache_len={cache_len} is shorter than the prompts ({t})")
     mask = jnp.arange(t)[None, :] < lengths_B[:, None]
     positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
-    h, (k, v) = self._full(tokens_BxT, mask, positions, collect_kv=True)
+    h, (k, v), routing = self._full(tokens_BxT, mask, positions, collect_kv=True,
+                                    expert_ids_LxBxTxK=expert_ids_LxBxTxK)
     last = jnp.clip(lengths_B - 1, 0, t - 1)
     h_last = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
     if cache_len is not None and cache_len > t:
       pad = ((0, 0), (0, 0), (0, cache_len - t), (0, 0), (0, 0))
       k, v = jnp.pad(k, pad), jnp.pad(v, pad)
-    return self.logits(h_last), {"k": k, "v": v}
+    ids = None if routing is None else routing.expert_ids_LxBxTxK
+    return self.logits(h_last), {"k": k, "v": v}, ids
+
+  def prefill(self, tokens_BxT, lengths_B, *, cache_len: int | None = None,
+              expert_ids_LxBxTxK=None):
+    """`prefill_routed` without the routing: (logits [B, V], cache)."""
+    return self.prefill_routed(tokens_BxT, lengths_B, cache_len=cache_len,
+                               expert_ids_LxBxTxK=expert_ids_LxBxTxK)[:2]
 
   def layer_params(self) -> list[dict]:
     """Each layer's weights as arrays of their own (static slices of the stacked weights).
@@ -213,11 +173,12 @@ class Qwen2(nnx.Module):
     XLA:CPU materialises every slice of a stacked weight, so a decode loop takes these once,
     outside the loop, instead of slicing (copying) all weights at every step.
     """
-    w = self.layers.arrays()
-    return [{name: a[i] for name, a in w.items()} for i in range(self.cfg.num_layers)]
+    return self.layers.layer_params()
 
-  def decode_step(self, tokens_B, positions_B, cache, *, layer_params=None):
-    """One token per slot: writes its K/V at `positions_B`, attends to keys j <= position.
+  def decode_step_routed(self, tokens_B, positions_B, cache, *, layer_params=None,
+                         expert_ids_LxBxK=None):
+    """One token per slot -> (logits [B, V], cache, its experts [Lm, B, K] or None): writes
+    its K/V at `positions_B`, attends to keys j <= position.
 
     Rows may be at different positions. Positions must be < the cache length S. The cache's
     form picks the layer loop, and the result has the same form:
@@ -227,15 +188,9 @@ class Qwen2(nnx.Module):
       the CPU decode loop carries; `layer_params`: `layer_params()` taken once outside it).
     Attention reads only the first `n` cache positions, n the smallest bucket
     (`decode_buckets`) holding every row's position, chosen at run time.
+    expert_ids_LxBxK: routing replay (module doc).
     """
-    _check_bt("tokens_B", tokens_B, ndim=1)
-    b = tokens_B.shape[0]
-    if positions_B.shape != (b,):
-      raise ValueError(f"positions_B shape {positions_B.shape} != ({b},)")
-    if set(cache) != {"k", "v"} or len(cache["k"]) != self.cfg.num_layers or (
-        cache["k"][0].shape[0] != b):
-      raise ValueError(f"cache must be {{'k', 'v'}} with {self.cfg.num_layers} layers and "
-                       f"batch {b}, got {jax.tree.map(jnp.shape, cache)}")
+    b = _check_decode_args(self.cfg, tokens_B, positions_B, cache, expert_ids_LxBxK)
     stacked = not isinstance(cache["k"], (list, tuple))
     s = cache["k"][0].shape[-3]
     sizes = L.decode_buckets(s)
@@ -246,13 +201,37 @@ class Qwen2(nnx.Module):
                              sizes=sizes, allowed_BxS=allowed_BxS)
     cos, sin = L.rope_cos_sin(positions_B[:, None], L.rope_inv_freq(self.cfg))
     h = self._embed(tokens_B[:, None])
-    if stacked:
-      h, cache = decode_lib.scanned(self.cfg, self.layers.arrays(), h, cos, sin, cache, at)
-    else:
-      h, cache = decode_lib.unrolled(self.cfg, layer_params or self.layer_params(), h, cos,
-                                     sin, cache, at)
+    replay = None if expert_ids_LxBxK is None else expert_ids_LxBxK[:, :, None]
+    if stacked and not self.cfg.mixed_layers:
+      h, cache, ids = decode_lib.scanned(self.cfg, self.layers.arrays(), h, cos, sin, cache,
+                                         at, replay)
+    else:  # a stacked cache of a mixed model is run per layer and stacked again
+      per_layer = dict(zip(("k", "v"), split_cache(cache))) if stacked else cache
+      h, cache, ids = decode_lib.unrolled(self.cfg, layer_params or self.layer_params(), h,
+                                          cos, sin, per_layer, at, replay)
+      cache = stack_cache(cache["k"], cache["v"]) if stacked else cache
     h = L.rms_norm(h[:, 0], self.final_norm.get_value(), eps=self.cfg.rms_norm_eps)
-    return self.logits(h), cache
+    return self.logits(h), cache, (None if ids is None else ids[:, :, 0])
+
+  def decode_step(self, tokens_B, positions_B, cache, *, layer_params=None,
+                  expert_ids_LxBxK=None):
+    """`decode_step_routed` without the routing: (logits [B, V], cache)."""
+    return self.decode_step_routed(tokens_B, positions_B, cache, layer_params=layer_params,
+                                   expert_ids_LxBxK=expert_ids_LxBxK)[:2]
+
+
+def _check_decode_args(cfg, tokens_B, positions_B, cache, expert_ids_LxBxK) -> int:
+  """decode_step's argument checks; returns the batch size."""
+  _check_bt("tokens_B", tokens_B, ndim=1)
+  b = tokens_B.shape[0]
+  if positions_B.shape != (b,):
+    raise ValueError(f"positions_B shape {positions_B.shape} != ({b},)")
+  if set(cache) != {"k", "v"} or len(cache["k"]) != cfg.num_layers or (
+      cache["k"][0].shape[0] != b):
+    raise ValueError(f"cache must be {{'k', 'v'}} with {cfg.num_layers} layers and "
+                     f"batch {b}, got {jax.tree.map(jnp.shape, cache)}")
+  layer_loop.check_replay(cfg, expert_ids_LxBxK, (b,), "expert_ids_LxBxK")
+  return b
 
 
 def split_cache(cache) -> tuple[list, list]:
@@ -264,66 +243,3 @@ def split_cache(cache) -> tuple[list, list]:
 def stack_cache(ks, vs) -> dict:
   """Inverse of `split_cache`."""
   return {"k": jnp.stack(ks), "v": jnp.stack(vs)}
-
-
-def _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size) -> int:
-  """token_logprobs' argument checks; returns the chunk size to use."""
-  _check_bt("tokens_BxT", tokens_BxT)
-  if mask_BxT.shape != tokens_BxT.shape:
-    raise ValueError(f"mask_BxT shape {mask_BxT.shape} != tokens_BxT shape {tokens_BxT.shape}")
-  if isinstance(temperature, (int, float)) and not temperature > 0:
-    raise ValueError(f"temperature must be > 0, got {temperature!r}")
-  chunk_size = model.cfg.logits_chunk if chunk_size is None else chunk_size
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-    raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-  return chunk_size
-
-
-def token_logprobs(model: Qwen2, tokens_BxT, mask_BxT, *, temperature: float = 1.0,
-                   chunk_size: int | None = None, with_entropy: bool = True,
-                   positions_BxT=None, segment_ids_BxT=None, mesh=None):
-  """Log-probs (and entropies) of the given tokens, in chunks of the flattened sequence.
-
-  logp[:, t] = log softmax(logits[:, t-1] / temperature)[tokens[:, t]], logp[:, 0] = 0;
-  entropy[:, t] is the entropy of that distribution; both are 0 where mask_BxT is 0.
-  A chunk covers about `chunk_size` tokens (max(1, chunk_size // B) positions of every row,
-  so batch sharding is kept), each chunk's logits are rematerialised in the backward pass:
-  at most one [B, chunk, V] float32 block lives at a time. Returns (logp, entropy or None).
-  Packed rows (`train/packing.py`) pass their per-segment positions and segment ids; the first
-  token of each segment then gets a junk value (it follows another segment), which its mask
-  hides: it is a prompt token. `mesh`: for the training attention (`Qwen2._full`).
-  """
-  chunk_size = _check_logprob_args(model, tokens_BxT, mask_BxT, temperature, chunk_size)
-  b, t = tokens_BxT.shape
-  zeros = jnp.zeros((b, t), jnp.float32)
-  if t == 1:
-    return zeros, (zeros if with_entropy else None)
-  h_BxTxD = model.hidden(tokens_BxT, mask_BxT, positions_BxT, segment_ids_BxT=segment_ids_BxT,
-                         mesh=mesh)
-  w_DxV = model.output_weight()
-  c = max(1, chunk_size // b)
-  n = -(-(t - 1) // c)
-  pad = n * c - (t - 1)
-  h_prev = jnp.pad(h_BxTxD[:, :-1], ((0, 0), (0, pad), (0, 0)))
-  targets = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, pad)))
-  h_n = h_prev.reshape(b, n, c, -1).swapaxes(0, 1)
-  y_n = targets.reshape(b, n, c).swapaxes(0, 1)
-
-  @jax.checkpoint
-  def chunk(h_BxCxD, y_BxC):
-    z = L.dense(h_BxCxD, w_DxV, out_dtype=jnp.float32) / temperature
-    lse = jax.nn.logsumexp(z, axis=-1)
-    logp = jnp.take_along_axis(z, y_BxC[..., None], axis=-1)[..., 0] - lse
-    if not with_entropy:
-      return logp, None
-    p = jnp.exp(z - lse[..., None])
-    return logp, lse - jnp.sum(p * z, axis=-1)
-
-  _, (logp_n, ent_n) = jax.lax.scan(lambda _, xs: (None, chunk(*xs)), None, (h_n, y_n))
-
-  def unchunk(x_n):
-    x = x_n.swapaxes(0, 1).reshape(b, n * c)[:, : t - 1]
-    x = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), x], axis=1)
-    return jnp.where(mask_BxT > 0, x, 0.0)
-
-  return unchunk(logp_n), (unchunk(ent_n) if with_entropy else None)

@@ -28,10 +28,17 @@ class SampleQueue:
 
 class SlotBook:
   """Host bookkeeping of one sample_groups call: which sample each slot holds, and the outputs
-  (tokens, behaviour log-probs, and the policy version that drew each token)."""
+  (tokens, behaviour log-probs, the policy version that drew each token, and with
+  `experts` = (prompt length P, MoE layers Lm, K) each token's experts, -1 where none)."""
 
-  def __init__(self, *, n: int, g: int, t_max: int, slots: int, eos: tuple[int, ...]):
+  def __init__(self, *, n: int, g: int, t_max: int, slots: int, eos: tuple[int, ...],
+               experts: tuple[int, int, int] | None = None):
     self.g, self.eos = g, np.asarray(eos, np.int64)
+    self.experts = self.prompt_experts = None
+    if experts is not None:  # int16 as the engine records them
+      p, lm, k = experts
+      self.experts = np.full((n, g, t_max, lm, k), -1, np.int16)
+      self.prompt_experts = np.full((n, p, lm, k), -1, np.int16)
     self.tokens = np.zeros((n, g, t_max), np.int32)
     self.logprobs = np.zeros((n, g, t_max), np.float32)
     self.versions = np.zeros((n, g, t_max), np.int32)
@@ -42,6 +49,11 @@ class SlotBook:
     self.count = 0
     self.received = np.zeros((slots,), np.int64)  # tokens already copied out of the slot
     self.free = list(range(slots))  # lowest slot first
+
+  def record_prompts(self, start: int, ids_NpxPxLxK: np.ndarray) -> None:
+    """The experts of prompts [start, start + Np)'s tokens, from their prefix."""
+    n = min(ids_NpxPxLxK.shape[0], self.prompt_experts.shape[0] - start)
+    self.prompt_experts[start:start + n] = ids_NpxPxLxK[:n]
 
   def busy(self) -> bool:
     return bool((self.owner >= 0).any())
@@ -72,6 +84,8 @@ class SlotBook:
     self.tokens[pi[r], gi[r], got[r] + c] = out["tokens_BxC"][live[r], c]
     self.logprobs[pi[r], gi[r], got[r] + c] = out["logp_BxC"][live[r], c]
     self.versions[pi[r], gi[r], got[r] + c] = version
+    if self.experts is not None:
+      self.experts[pi[r], gi[r], got[r] + c] = out["experts_BxCxLxK"][live[r], c]
     self.received[live] = now
     done = ~out["active_B"][live]
     dp, dg, dn = pi[done], gi[done], now[done]

@@ -78,6 +78,9 @@ def build_sampler(cfg, model, mcfg, mesh):
   budget (rollout.kv_cache_gib, rollout.num_slots over the processes)."""
   from dapo_jax.rollout.sampler import make_sampler  # pylint: disable=import-outside-toplevel
   rollout = cfg.rollout
+  if cfg.model.routing_replay and not mcfg.moe_layers:
+    raise ValueError("config.model.routing_replay: the model has no MoE layer (a dense "
+                     "checkpoint or num_experts = 0)")
   slots = sampler_slots(num_slots=rollout.num_slots, kv_cache_gib=rollout.kv_cache_gib,
                         group_size=rollout.group_size, mcfg=mcfg, max_len=cfg.seq_len,
                         mesh_shape=mesh.shape, paged=rollout.paged_kv, hosts=jax.process_count())
@@ -87,4 +90,5 @@ def build_sampler(cfg, model, mcfg, mesh):
                           page_size=rollout.page_size, mesh_shape=mesh.shape)
   return make_sampler(model, num_slots=slots, max_prompt_len=cfg.task.max_prompt_len,
                       max_len=cfg.seq_len, mesh=mesh, paged_kv=rollout.paged_kv,
-                      page_size=rollout.page_size, num_pages=pages)
+                      page_size=rollout.page_size, num_pages=pages,
+                      record_experts=cfg.model.routing_replay)

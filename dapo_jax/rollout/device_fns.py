@@ -19,11 +19,15 @@ LAYER_LOOPS = ("auto", "unrolled", "scan")
 PAGED_IMPLS = ("auto", "kernel", "tpu_kernel", "gpu_kernel", "reference")
 
 
+EXPERT_DTYPE = jnp.int16  # recorded expert ids (routing replay): E < 32,768
+
+
 def step(graphdef, params, rest, st: DecodeState, layer_params=None, table_BxP=None,
          paged: paged_lib.PagedSpec | None = None):
-  """Samples one token in every slot, then runs the decode step for it (inactive slots idle).
-  The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`. paged: the
-  cache is a page pool read through table_BxP (`models.paged.decode_step`)."""
+  """Samples one token in every slot, then runs the decode step for it (inactive slots idle)
+  -> (state, tokens, log-probs, valid, the tokens' experts [B, Lm, K] or None for a dense
+  model). The cache may be stacked or per layer; layer_params: see `Qwen2.decode_step`.
+  paged: the cache is a page pool read through table_BxP (`models.paged.decode_step`)."""
   keys_B = jax.vmap(lambda kd, t: jax.random.fold_in(state_lib.wrap_key(kd), t))(
       st.keys_Bx2, st.gen_len_B)
   tok_B, logp_B = sampling.sample_tokens(
@@ -40,21 +44,24 @@ def step(graphdef, params, rest, st: DecodeState, layer_params=None, table_BxP=N
   model = nnx.merge(graphdef, params, rest)
   pos_B = jnp.minimum(st.positions_B, max_pos)
   if paged:
-    logits_BxV, cache = paged_lib.decode_step(model, tok_B, pos_B, st.cache, table_BxP, paged,
-                                              layer_params=layer_params)
+    logits_BxV, cache, ids = paged_lib.decode_step_routed(
+        model, tok_B, pos_B, st.cache, table_BxP, paged, layer_params=layer_params)
   else:
-    logits_BxV, cache = model.decode_step(tok_B, pos_B, st.cache, layer_params=layer_params)
+    logits_BxV, cache, ids = model.decode_step_routed(tok_B, pos_B, st.cache,
+                                                      layer_params=layer_params)
   new = st.replace(
       cache=cache, logits_BxV=logits_BxV.astype(jnp.float32),
       positions_B=st.positions_B + active_B.astype(jnp.int32), gen_len_B=gen_len_B,
       active_B=active_B)
-  return new, tok_B, logp_B, valid_B
+  return new, tok_B, logp_B, valid_B, (None if ids is None else ids.transpose(1, 0, 2))
 
 
 def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, table_BxP=None, *,
-                   max_steps: int, per_layer: bool, paged: paged_lib.PagedSpec | None = None):
+                   max_steps: int, per_layer: bool, paged: paged_lib.PagedSpec | None = None,
+                   record_experts: bool = False):
   """Runs up to max_steps steps; stops early once every slot is free, or (when stop_on_finish)
-  as soon as any sample finishes, so the host can refill that slot at once.
+  as soon as any sample finishes, so the host can refill that slot at once. record_experts:
+  the outputs also hold each token's experts, experts_BxCxLxK (int16; routing replay).
   per_layer (`per_layer_decode`): carry the cache per layer and per-layer weights sliced once
   before the loop (XLA:CPU would otherwise copy every stacked weight and a layer of cache at
   each step); else the stacked cache is scanned over in place (one buffer: accelerators).
@@ -67,24 +74,29 @@ def generate_chunk(graphdef, params, rest, st: DecodeState, stop_on_finish, tabl
     st = st.replace(cache={"k": tuple(ks), "v": tuple(vs)})
 
   def cond(carry):
-    i, s, _, _, finished = carry
+    i, s, _, finished = carry
     return (i < max_steps) & jnp.any(s.active_B) & ~(stop_on_finish & finished)
 
   def body(carry):
-    i, s, tok_BxC, logp_BxC, _ = carry
-    s, tok_B, logp_B, valid_B = step(graphdef, params, rest, s, layer_params, table_BxP, paged)
-    tok_BxC = jax.lax.dynamic_update_slice(tok_BxC, tok_B[:, None], (0, i))
-    logp_BxC = jax.lax.dynamic_update_slice(logp_BxC, logp_B[:, None], (0, i))
-    return i + 1, s, tok_BxC, logp_BxC, jnp.any(valid_B & ~s.active_B)
+    i, s, outs, _ = carry
+    s, tok_B, logp_B, valid_B, ids = step(graphdef, params, rest, s, layer_params, table_BxP,
+                                          paged)
+    new = (tok_B, logp_B) + ((ids.astype(EXPERT_DTYPE),) if record_experts else ())
+    outs = tuple(jax.lax.dynamic_update_index_in_dim(o, x, i, 1) for o, x in zip(outs, new))
+    return i + 1, s, outs, jnp.any(valid_B & ~s.active_B)
 
-  init = (jnp.int32(0), st, jnp.zeros((b, max_steps), jnp.int32),
-          jnp.zeros((b, max_steps), jnp.float32), jnp.bool_(False))
-  steps, st, tok_BxC, logp_BxC, _ = jax.lax.while_loop(cond, body, init)
+  outs = (jnp.zeros((b, max_steps), jnp.int32), jnp.zeros((b, max_steps), jnp.float32))
+  if record_experts:
+    c = nnx.merge(graphdef, params, rest).cfg
+    outs += (jnp.full((b, max_steps, len(c.moe_layers), c.num_experts_per_tok), -1,
+                      EXPERT_DTYPE),)
+  steps, st, outs, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), st, outs, jnp.bool_(False)))
   if per_layer:
     stack = paged_lib.stack_pages if paged else qwen2.stack_cache
     st = st.replace(cache=stack(st.cache["k"], st.cache["v"]))
-  return st, dict(tokens_BxC=tok_BxC, logp_BxC=logp_BxC, steps=steps, gen_len_B=st.gen_len_B,
-                  active_B=st.active_B)
+  extra = dict(experts_BxCxLxK=outs[2]) if record_experts else {}
+  return st, dict(tokens_BxC=outs[0], logp_BxC=outs[1], steps=steps, gen_len_B=st.gen_len_B,
+                  active_B=st.active_B, **extra)
 
 
 def per_layer_decode(mesh, layer_loop: str = "auto") -> bool:
@@ -160,10 +172,14 @@ def pool_pages(mesh, spec: paged_lib.PagedSpec, *, slots: int, num_pages: int | 
   return num_pages
 
 
-def prefill(graphdef, params, rest, tokens_NxP, lengths_N) -> Prefix:
+def prefill(graphdef, params, rest, tokens_NxP, lengths_N, *,
+            record_experts: bool = False) -> Prefix:
+  """Prefix of N right-padded prompts; record_experts: with their tokens' experts."""
   model = nnx.merge(graphdef, params, rest)
-  logits_NxV, cache = model.prefill(tokens_NxP, lengths_N)
-  return Prefix(cache=cache, logits_NpxV=logits_NxV.astype(jnp.float32), lengths_Np=lengths_N)
+  logits_NxV, cache, ids = model.prefill_routed(tokens_NxP, lengths_N)
+  ids = ids.transpose(1, 2, 0, 3).astype(EXPERT_DTYPE) if record_experts else None
+  return Prefix(cache=cache, logits_NpxV=logits_NxV.astype(jnp.float32), lengths_Np=lengths_N,
+                expert_ids_NpxPxLxK=ids)
 
 
 def insert(prefix: Prefix, st: DecodeState, src_K, slot_K, prompt_id_K, sample_id_K, max_new_K):
@@ -218,7 +234,7 @@ def evict(st: DecodeState, slot_K) -> DecodeState:
 
 def result_step(graphdef, params, rest, st: DecodeState):
   """`step` packed as JetStream wants it: one int32 row per slot."""
-  st, tok_B, _, valid_B = step(graphdef, params, rest, st)
+  st, tok_B, _, valid_B, _ = step(graphdef, params, rest, st)
   return st, jnp.stack([tok_B, valid_B.astype(jnp.int32), st.gen_len_B], axis=-1)
 
 

@@ -65,6 +65,8 @@ class Engine(engine_api.Engine):
     (None = every slot at max_len, plus one null page per batch shard). paged_impl: one of
     device_fns.PAGED_IMPLS ("auto" = the platform's Pallas kernel on TPU and GPU where its block
     rules hold, else the reference gather; `device_fns.paged_kernel`).
+  record_experts: prefixes and decode chunks also return every token's experts per MoE layer
+    (routing replay; a MoE model only).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
@@ -72,8 +74,11 @@ class Engine(engine_api.Engine):
                steps_per_call: int = 16, tokenizer_path: str | None = None,
                bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto",
                paged_kv: bool = False, page_size: int = 16, num_pages: int | None = None,
-               paged_impl: str = "auto"):
+               paged_impl: str = "auto", record_experts: bool = False):
     self.cfg = model.cfg
+    if record_experts and not self.cfg.moe_layers:
+      raise ValueError("record_experts: the model has no MoE layer whose routing to record")
+    self.record_experts = bool(record_experts)
     self._num_slots, self._max_prompt_len, self._max_len, self._steps_per_call = _check_sizes(
         self.cfg, num_slots, max_prompt_len, max_len, steps_per_call)
     self.serving_sampling = sampling_params.validated(self.cfg.vocab_size)
@@ -112,8 +117,10 @@ class Engine(engine_api.Engine):
         mesh, cache_shape=cache_shape, vocab_size=c.vocab_size,
         num_slots=self._num_slots if pg else None)
     self._prefix_shardings = state_lib.prefix_shardings(
-        mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim))
-    self._jit_prefill = jax.jit(functools.partial(device_fns.prefill, g),
+        mesh, cache_shape=(c.num_layers, 1, self._max_prompt_len, c.num_kv_heads, c.head_dim),
+        record_experts=self.record_experts)
+    self._jit_prefill = jax.jit(functools.partial(device_fns.prefill, g,
+                                                  record_experts=self.record_experts),
                                 out_shardings=self._prefix_shardings)
     insert = device_fns.insert if not pg else functools.partial(
         device_fns.insert_paged, page_size=pg.page_size, max_len=self._max_len)
@@ -122,7 +129,8 @@ class Engine(engine_api.Engine):
                               out_shardings=self._state_shardings)
     self._jit_chunk = jax.jit(
         functools.partial(device_fns.generate_chunk, g, max_steps=self._steps_per_call,
-                          per_layer=self._per_layer, paged=pg),
+                          per_layer=self._per_layer, paged=pg,
+                          record_experts=self.record_experts),
         donate_argnums=(2,), out_shardings=(self._state_shardings, None))
     self._jit_result_step = jax.jit(functools.partial(device_fns.result_step, g),
                                     donate_argnums=(2,),

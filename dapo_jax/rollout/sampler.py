@@ -37,6 +37,9 @@ class GroupRollout:
   [N, G, T], the policy version (`GroupSampler.version`) that drew each token, 0 on padding.
   lengths: int32 [N, G], EOS included when produced. truncated: bool [N, G], stopped by
   max_new_tokens or max_len without EOS. stats: scheduler figures (see sample_groups).
+  With an engine that records experts (routing replay): expert_ids int16 [N, G, T, Lm, K], the
+  experts each response token went through in each MoE layer, and prompt_expert_ids int16
+  [N, P, Lm, K] (P = max_prompt_len) the prompt tokens'; -1 past the ends; else None.
   """
   tokens: np.ndarray
   logprobs: np.ndarray
@@ -44,6 +47,8 @@ class GroupRollout:
   lengths: np.ndarray
   truncated: np.ndarray
   stats: dict
+  expert_ids: np.ndarray | None = None
+  prompt_expert_ids: np.ndarray | None = None
 
 
 def _int_arg(value, name: str, lo: int, hi: int | None = None) -> int:
@@ -132,7 +137,8 @@ class GroupSampler:
         page_size=eng.paged.page_size, max_len=eng.max_len)
     run = _SampleCall(rows=rows, g=g, t_max=t_max, offset=offset,
                np_batch=self._prefill_batch or min(math.ceil(b / g), n),
-               book=book_lib.SlotBook(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids), pool=pool,
+               book=book_lib.SlotBook(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids,
+                                      experts=_expert_shape(eng)), pool=pool,
                queue=book_lib.SampleQueue(n * g), st=eng.init_decode_state(sp))
     while True:
       self._refill(run)
@@ -157,7 +163,8 @@ class GroupSampler:
                    wall=time.perf_counter() - t0)
     book = run.book
     return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, versions=book.versions,
-                        lengths=book.lengths, truncated=book.truncated, stats=stats)
+                        lengths=book.lengths, truncated=book.truncated, stats=stats,
+                        expert_ids=book.experts, prompt_expert_ids=book.prompt_experts)
 
   def _refill(self, run: "_SampleCall") -> None:
     """Inserts queued samples (preempted ones first, then in (prompt, sample) order) into free
@@ -169,6 +176,8 @@ class GroupSampler:
       if run.prefix is None or not run.pb_start <= ids[0] // g < run.pb_start + run.np_batch:
         run.pb_start = int(ids[0] // g)
         run.prefix = self._prefill(eng.params, run.rows, run.pb_start, run.np_batch)
+        if book.prompt_experts is not None:
+          book.record_prompts(run.pb_start, np.asarray(run.prefix.expert_ids_NpxPxLxK))
         run.prefill_calls += 1
       inside = (ids // g >= run.pb_start) & (ids // g < run.pb_start + run.np_batch)
       ids = ids[:int(np.argmin(inside)) if not inside.all() else ids.size]
@@ -229,6 +238,13 @@ class GroupSampler:
     return self.engine.prefill_batch(params, toks, lens)
 
 
+def _expert_shape(eng: Engine):
+  """(P, Lm, K) of the experts an engine records, or None."""
+  c = eng.cfg
+  return ((eng.max_prefill_length, len(c.moe_layers), c.num_experts_per_tok)
+          if eng.record_experts else None)
+
+
 def _stats(cfg, run: "_SampleCall", prompt_lens, *, slots, wall) -> dict:
   """sample_groups' stats (see its docstring)."""
   gen, g = int(run.book.lengths.sum()), run.g
@@ -265,15 +281,15 @@ class _SampleCall:
 def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
                  steps_per_call: int = 16, prefill_batch: int | None = None,
                  paged_kv: bool = False, page_size: int = 16,
-                 num_pages: int | None = None) -> GroupSampler:
+                 num_pages: int | None = None, record_experts: bool = False) -> GroupSampler:
   """Fixed entry point: a GroupSampler over a new Engine for `model` (see Engine for args).
 
   steps_per_call: most decode steps per device call (a call also returns as soon as a sample
   ends while others wait, so this only bounds host round-trips). prefill_batch: prompts per
   prefill call (default ceil(num_slots / group_size)). paged_kv / page_size / num_pages: a
-  paged KV cache (see Engine).
+  paged KV cache (see Engine). record_experts: routing replay (see Engine, GroupRollout).
   """
   engine = Engine(model, num_slots=num_slots, max_prompt_len=max_prompt_len, max_len=max_len,
                   mesh=mesh, steps_per_call=steps_per_call, paged_kv=paged_kv,
-                  page_size=page_size, num_pages=num_pages)
+                  page_size=page_size, num_pages=num_pages, record_experts=record_experts)
   return GroupSampler(engine, prefill_batch=prefill_batch)

@@ -21,10 +21,13 @@ class Prefix:
   cache: {"k", "v"} [L, Np, P, Kv, Hd] with P = the engine's max_prefill_length.
   logits_NpxV: next-token logits after each prompt (float32), sampled from at the first step.
   lengths_Np: prompt lengths (int32).
+  expert_ids_NpxPxLxK: the experts of each prompt token per MoE layer (int16; routing replay,
+    `Engine(record_experts=True)`), None when not recorded.
   """
   cache: dict
   logits_NpxV: jax.Array
   lengths_Np: jax.Array
+  expert_ids_NpxPxLxK: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -103,9 +106,10 @@ def decode_state_shardings(mesh, *, cache_shape, vocab_size: int,
       root_key_2=rep, temperature=rep, top_p=rep, top_k=rep, eos_E=rep)
 
 
-def prefix_shardings(mesh, *, cache_shape) -> Prefix:
+def prefix_shardings(mesh, *, cache_shape, record_experts: bool = False) -> Prefix:
   """Prefixes are replicated over the batch axes, so any slot can take any prefix locally."""
   names = (sharding_lib.CACHE_AXES[0], None) + tuple(sharding_lib.CACHE_AXES[2:])
   cache_s = sharding_lib.logical_to_mesh_sharding(names, mesh, shape=cache_shape)
   rep = NamedSharding(mesh, P())
-  return Prefix(cache={"k": cache_s, "v": cache_s}, logits_NpxV=rep, lengths_Np=rep)
+  return Prefix(cache={"k": cache_s, "v": cache_s}, logits_NpxV=rep, lengths_Np=rep,
+                expert_ids_NpxPxLxK=rep if record_experts else None)

@@ -23,6 +23,9 @@ class Groups:
   parsed: np.ndarray       # bool [N, G] the verifier read an answer (the format was followed)
   score: np.ndarray        # float32 [N, G] verifier reward (±1)
   reward: np.ndarray       # float32 [N, G] shaped reward (score + overlong penalty)
+  # Routing replay (model.routing_replay; else None), as the sampler recorded them, -1 = none:
+  expert_ids: np.ndarray | None = None         # int16 [N, G, R, Lm, K] response tokens' experts
+  prompt_expert_ids: np.ndarray | None = None  # int16 [N, P, Lm, K] prompt tokens' experts
 
   def __len__(self):
     return len(self.prompts)
@@ -30,15 +33,18 @@ class Groups:
   def select(self, idx) -> "Groups":
     idx = np.asarray(idx, dtype=np.int64)
     return Groups(prompts=[self.prompts[i] for i in idx], answers=[self.answers[i] for i in idx],
-                  **{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)
-                     if f.name not in ("prompts", "answers")})
+                  **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx]
+                     for f in dataclasses.fields(self) if f.name not in ("prompts", "answers")})
 
   @staticmethod
   def concat(parts: Sequence["Groups"]) -> "Groups":
+    def cat(name):
+      xs = [getattr(g, name) for g in parts]
+      return None if any(x is None for x in xs) else np.concatenate(xs)
     return Groups(prompts=[p for g in parts for p in g.prompts],
                   answers=[a for g in parts for a in g.answers],
-                  **{f.name: np.concatenate([getattr(g, f.name) for g in parts])
-                     for f in dataclasses.fields(Groups) if f.name not in ("prompts", "answers")})
+                  **{f.name: cat(f.name) for f in dataclasses.fields(Groups)
+                     if f.name not in ("prompts", "answers")})
 
 
 def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Callable,
@@ -58,14 +64,17 @@ def score_rollout(rollout, prompts, answers, *, decode: Callable, reward_fn: Cal
                 versions=np.asarray(rollout.versions, np.int32),
                 lengths=np.asarray(rollout.lengths, np.int32),
                 truncated=np.asarray(rollout.truncated, bool), correct=correct, parsed=parsed,
-                score=score, reward=reward.astype(np.float32))
+                score=score, reward=reward.astype(np.float32),
+                expert_ids=getattr(rollout, "expert_ids", None),
+                prompt_expert_ids=getattr(rollout, "prompt_expert_ids", None))
 
 
 def training_batch(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bool
                    ) -> tuple[MiniBatch, np.ndarray]:
   """(MiniBatch, response_mask_BxS): rows [prompt][response][pad] of length seq_len, one per
-  (n, g), with the sampler's log-probs as `behav_logp_BxS` and no old log-probs or plan yet
-  (the trainer's `prepare` adds what the config asks for).
+  (n, g), with the sampler's log-probs as `behav_logp_BxS`, its experts (routing replay) as
+  `expert_ids_BxSxLxK`, and no old log-probs or plan yet (the trainer's `prepare` adds what
+  the config asks for).
 
   response_mask marks response tokens; the loss mask is it zeroed for truncated responses under
   overlong filtering.
@@ -98,5 +107,19 @@ def training_batch(groups: Groups, adv_NxG, *, seq_len: int, overlong_filter: bo
   behav = np.where(response_mask, groups.behav_logp.reshape(B, R)[rows_Bx1, rel_BxS],
                    0.0).astype(np.float32)
   batch = MiniBatch(tokens_BxS=tokens, attn_mask_BxS=attn, loss_mask_BxS=loss_mask,
-                    adv_B=np.asarray(adv_NxG, np.float32).reshape(B), behav_logp_BxS=behav)
+                    adv_B=np.asarray(adv_NxG, np.float32).reshape(B), behav_logp_BxS=behav,
+                    expert_ids_BxSxLxK=_row_experts(groups, is_prompt, response_mask, rel_BxS))
   return batch, response_mask
+
+
+def _row_experts(groups: Groups, is_prompt_BxS, response_BxS, rel_BxS):
+  """The recorded experts in the rows' layout [B, S, Lm, K] int16 (-1 on padding), or None."""
+  if groups.expert_ids is None:
+    return None
+  n, g, r = groups.tokens.shape
+  rows_Bx1 = np.arange(n * g)[:, None]
+  pos_BxS = np.minimum(np.arange(is_prompt_BxS.shape[1]), groups.prompt_expert_ids.shape[1] - 1)
+  prompt = groups.prompt_expert_ids[rows_Bx1 // g, pos_BxS[None, :]]
+  resp = groups.expert_ids.reshape(n * g, r, *groups.expert_ids.shape[3:])[rows_Bx1, rel_BxS]
+  return np.where(is_prompt_BxS[..., None, None], prompt,
+                  np.where(response_BxS[..., None, None], resp, -1)).astype(np.int16)

@@ -1,6 +1,7 @@
 """The prepare phase's no-gradient passes on packed rows: each mini-batch's packing plan
 (`train/packing.py`), and the old / reference log-probs computed on the plan's micro-batches
 that hold a sequence, one device call each, unpacked to the per-sequence [B, S] layout."""
+import dataclasses
 import functools
 
 import jax
@@ -23,6 +24,19 @@ def plans(cfg: Config, batch: MiniBatch) -> packing.PackPlan:
       for i in range(0, batch.num_seqs, rows)])
 
 
+def with_plans(cfg: Config, batch: MiniBatch) -> MiniBatch:
+  """`batch` with its packing plans (`plans`) and its recorded experts (routing replay) moved
+  to the plans' packed rows, where the model reads them."""
+  plan, ids = plans(cfg, batch), batch.expert_ids_BxSxLxK
+  if ids is not None:
+    rows, k = cfg.minibatch_seqs, cfg.micro_batches
+    ids = np.concatenate([packing.to_rows(
+        ids[i:i + rows], jax.tree.map(lambda x: x[i:i + rows], plan),
+        batch.attn_mask_BxS[i:i + rows], micro_batches=k, fill=-1)
+        for i in range(0, batch.num_seqs, rows)])
+  return dataclasses.replace(batch, pack=plan, expert_ids_BxSxLxK=ids)
+
+
 def packed_token_share(cfg: Config, batch: MiniBatch) -> float:
   """Real tokens / the positions the update computes (micro-batches run x rows x seq_len)."""
   rows, k = cfg.minibatch_seqs, cfg.micro_batches
@@ -32,12 +46,14 @@ def packed_token_share(cfg: Config, batch: MiniBatch) -> float:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "with_entropy", "mesh"))
-def logprob_fn(params, tokens_BxS, segments_BxS, positions_BxS, *, graphdef, temperature,
-               with_entropy, mesh):
-  """Log-probs (and entropies) of packed rows (segment 0 = padding)."""
+def logprob_fn(params, tokens_BxS, segments_BxS, positions_BxS, expert_ids_BxSxLxK=None, *,
+               graphdef, temperature, with_entropy, mesh):
+  """Log-probs (and entropies) of packed rows (segment 0 = padding); expert_ids: the rows'
+  recorded experts to route by (routing replay)."""
   return logprobs(graphdef, params, tokens_BxS, segments_BxS > 0, temperature=temperature,
                   with_entropy=with_entropy, positions_BxS=positions_BxS,
-                  segment_ids_BxS=segments_BxS, mesh=mesh)
+                  segment_ids_BxS=segments_BxS, mesh=mesh,
+                  expert_ids_BxSxLxK=expert_ids_BxSxLxK)[:2]
 
 
 def _dispatch(run, params, batch: MiniBatch, with_entropy):
@@ -47,8 +63,9 @@ def _dispatch(run, params, batch: MiniBatch, with_entropy):
   calls = []
   for m0 in range(0, batch.num_seqs, rows):
     for i in range(packing.num_micro(plan.micro_B[m0:m0 + rows])):
+      ids = () if batch.expert_ids_BxSxLxK is None else (batch.expert_ids_BxSxLxK,)
       x = [multihost.put(a[m0 + i:m0 + rows:k], dsh)
-           for a in (plan.tokens_BxS, plan.segments_BxS, plan.positions_BxS)]
+           for a in (plan.tokens_BxS, plan.segments_BxS, plan.positions_BxS, *ids)]
       with jax.transfer_guard("disallow"):  # inputs are placed explicitly above
         calls.append((m0, i, logprob_fn(params, *x, graphdef=run.graphdef, mesh=run.mesh,
                                         temperature=cfg.rollout.temperature,

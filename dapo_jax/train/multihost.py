@@ -60,6 +60,8 @@ def gather_groups(g: Groups, *, max_prompt_len: int) -> Groups:
            "lengths": g.lengths,
            "truncated": g.truncated, "correct": g.correct, "parsed": g.parsed, "score": g.score,
            "reward": g.reward}
+  if g.expert_ids is not None:  # routing replay
+    local.update(expert_ids=g.expert_ids, prompt_expert_ids=g.prompt_expert_ids)
   full = {k: np.asarray(v).reshape(-1, *np.asarray(v).shape[2:])
           for k, v in multihost_utils.process_allgather(local, tiled=False).items()}
   return Groups(
@@ -68,4 +70,5 @@ def gather_groups(g: Groups, *, max_prompt_len: int) -> Groups:
       tokens=full["tokens"], behav_logp=full["behav_logp"], versions=full["versions"],
       lengths=full["lengths"],
       truncated=full["truncated"], correct=full["correct"], parsed=full["parsed"],
-      score=full["score"], reward=full["reward"])
+      score=full["score"], reward=full["reward"], expert_ids=full.get("expert_ids"),
+      prompt_expert_ids=full.get("prompt_expert_ids"))

@@ -22,7 +22,7 @@ from flax import nnx
 from dapo_jax.config import Config
 from dapo_jax.core import losses, offpolicy, stats
 from dapo_jax.core.losses import PolicyLossStats
-from dapo_jax.models.qwen2 import token_logprobs
+from dapo_jax.models.qwen2 import routed_token_logprobs
 from dapo_jax.train import packing
 
 
@@ -50,28 +50,65 @@ class _Terms:
   kl_loss: Any          # None unless algo.kl_coef > 0
   entropy_bonus: Any    # None unless an entropy term or an on-policy forward computes it
   stats: PolicyLossStats
+  route: Any = None     # RouteStats of a MoE model's forward, else None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RouteStats:
+  """A MoE forward's routing over its valid tokens (sums, so micro-batches add up)."""
+  agree: Any            # token-layers whose router's own top-k set is the experts used
+  token_layers: Any     # valid tokens x MoE layers
+  load_LxE: Any         # (token, slot) pairs per expert and MoE layer
+
+  @staticmethod
+  def of(routing) -> "RouteStats | None":
+    if routing is None:
+      return None
+    return RouteStats(agree=jnp.sum(routing.agree_L),
+                      token_layers=routing.num_tokens * routing.agree_L.shape[0],
+                      load_LxE=routing.tokens_per_expert_LxE)
+
+
+def route_metrics(route_k: RouteStats, *, replayed: bool) -> dict:
+  """routing_agreement (replay: share of token-layers where the trainer's router picks the
+  sampler's top-k set) and expert_load_max (the most loaded expert's tokens over the mean,
+  the worst MoE layer; 1 = balanced) from stacked micro-batch RouteStats."""
+  load_LxE = jnp.sum(route_k.load_LxE, axis=0)
+  mean_L = jnp.maximum(jnp.mean(load_LxE, axis=-1), 1e-9)
+  out = {"expert_load_max": jnp.max(jnp.max(load_LxE, axis=-1) / mean_L)}
+  if replayed:
+    out["routing_agreement"] = (jnp.sum(route_k.agree)
+                                / jnp.maximum(jnp.sum(route_k.token_layers), 1.0))
+  return out
 
 
 def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float = 1.0,
-             with_entropy: bool = True, positions_BxS=None, segment_ids_BxS=None, mesh=None):
-  """Per-token log-probs (and entropies) of a batch under `params` (rows may be packed:
-  segment ids and per-segment positions, `train/packing.py`); no gradient."""
+             with_entropy: bool = True, positions_BxS=None, segment_ids_BxS=None, mesh=None,
+             expert_ids_BxSxLxK=None):
+  """Per-token (log-probs, entropies or None, moe.Routing or None) of a batch under `params`
+  (rows may be packed: segment ids and per-segment positions, `train/packing.py`);
+  expert_ids_BxSxLxK: the experts to route each token by (routing replay; -1 = its own)."""
   model = nnx.merge(graphdef, params)
-  return token_logprobs(model, tokens_BxS, attn_mask_BxS, temperature=temperature,
-                        with_entropy=with_entropy, positions_BxT=positions_BxS,
-                        segment_ids_BxT=segment_ids_BxS, mesh=mesh)
+  replay = None if expert_ids_BxSxLxK is None else expert_ids_BxSxLxK.transpose(2, 0, 1, 3)
+  return routed_token_logprobs(model, tokens_BxS, attn_mask_BxS, temperature=temperature,
+                               with_entropy=with_entropy, positions_BxT=positions_BxS,
+                               segment_ids_BxT=segment_ids_BxS, mesh=mesh,
+                               expert_ids_LxBxTxK=replay)
 
 
 def _micro_logprobs(params, graphdef, mb, rows, i, *, temperature, with_entropy, mesh):
-  """Log-probs (and entropies) [B, S] of micro-batch i's sequences, computed on its packed
-  `rows` ((tokens, segments, positions) [R, S]) and gathered back; 0 for every other sequence."""
-  tokens, seg, positions = rows
-  logp, ent = logprobs(graphdef, params, tokens, seg > 0, temperature=temperature,
-                       with_entropy=with_entropy, positions_BxS=positions,
-                       segment_ids_BxS=seg, mesh=mesh)
+  """(log-probs, entropies or None) [B, S] of micro-batch i's sequences, computed on its
+  packed `rows` ((tokens, segments, positions[, expert ids]) [R, S, ...]) and gathered back (0
+  for every other sequence), and the forward's RouteStats (None for a dense model)."""
+  tokens, seg, positions = rows[:3]
+  logp, ent, routing = logprobs(graphdef, params, tokens, seg > 0, temperature=temperature,
+                                with_entropy=with_entropy, positions_BxS=positions,
+                                segment_ids_BxS=seg, mesh=mesh,
+                                expert_ids_BxSxLxK=rows[3] if len(rows) > 3 else None)
   valid = (mb.attn_mask_BxS > 0) & (mb.pack.micro_B == i)[:, None]
   gather = lambda x: jnp.where(valid, jnp.take(x.reshape(-1), mb.pack.src_BxS), 0.0)
-  return gather(logp), (gather(ent) if with_entropy else None)
+  return gather(logp), (gather(ent) if with_entropy else None), RouteStats.of(routing)
 
 
 def _objective(params, graphdef, mb, whole: _WholeBatch, rows, i, denominator, cfg: Config,
@@ -79,8 +116,9 @@ def _objective(params, graphdef, mb, whole: _WholeBatch, rows, i, denominator, c
   """(micro-batch i's share of the mini-batch loss, (its _Terms, its TokenStats or None))."""
   algo = cfg.algo
   need_entropy = algo.entropy_coef > 0 or mb.on_policy
-  logp, ent = _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh,
-                              temperature=cfg.rollout.temperature, with_entropy=need_entropy)
+  logp, ent, route = _micro_logprobs(params, graphdef, mb, rows, i, mesh=mesh,
+                                     temperature=cfg.rollout.temperature,
+                                     with_entropy=need_entropy)
   old_logp = jax.lax.stop_gradient(logp) if mb.on_policy else mb.old_logp_BxS
   mask = mb.loss_mask_BxS * (mb.pack.micro_B == i)[:, None].astype(mb.loss_mask_BxS.dtype)
   agg = dict(agg=algo.loss_agg, loss_scale_factor=cfg.loss_scale_factor, denominator=denominator)
@@ -99,14 +137,14 @@ def _objective(params, graphdef, mb, whole: _WholeBatch, rows, i, denominator, c
     ent_loss = losses.aggregate(ent * mask, mask, **agg)
     total = total - algo.entropy_coef * ent_loss
   tokens = TokenStats(*map(jax.lax.stop_gradient, (logp, ent))) if mb.on_policy else None
-  return total, (_Terms(pg_loss, kl, ent_loss, pl_stats), tokens)
+  return total, (_Terms(pg_loss, kl, ent_loss, pl_stats, route), tokens)
 
 
 _MEAN_STATS = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "selected_frac",
                "approx_kl", "ratio_mean")
 
 
-def _combine(terms_k: _Terms) -> dict:
+def _combine(terms_k: _Terms, *, replayed: bool) -> dict:
   """Stacked [k] micro-batch terms -> the mini-batch's metrics: token-weighted means
   (up-clipped-token weighted for their mean probability), sums of the global-denominator
   losses, max of max."""
@@ -118,6 +156,8 @@ def _combine(terms_k: _Terms) -> dict:
   for k in ("pg_loss", "kl_loss", "entropy_bonus"):  # already divided by the global count
     if getattr(terms_k, k) is not None:
       out[k] = jnp.sum(getattr(terms_k, k))
+  if terms_k.route is not None:
+    out.update(route_metrics(terms_k.route, replayed=replayed))
   return out
 
 
@@ -184,7 +224,8 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
     mb = dataclasses.replace(mb, pack=packing.identity_plan(mb.tokens_BxS, mb.attn_mask_BxS,
                                                             micro_batches=k))
   p = mb.pack
-  rows_k = tuple(_split(x, k) for x in (p.tokens_BxS, p.segments_BxS, p.positions_BxS))
+  ids = () if mb.expert_ids_BxSxLxK is None else (mb.expert_ids_BxSxLxK,)  # the plan's rows
+  rows_k = tuple(_split(x, k) for x in (p.tokens_BxS, p.segments_BxS, p.positions_BxS, *ids))
   n_used = jnp.max(p.micro_B) + 1
   denominator = losses.loss_denominator(mb.loss_mask_BxS, agg=cfg.algo.loss_agg)
   selected = None
@@ -204,4 +245,4 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1],
                                                                shapes[0][1][1]))
   (loss, grads, tokens), terms_k = jax.lax.scan(body, zeros, (jnp.arange(k), rows_k))
-  return loss, grads, dict(_combine(terms_k), **is_aux), tokens
+  return loss, grads, dict(_combine(terms_k, replayed=bool(ids)), **is_aux), tokens

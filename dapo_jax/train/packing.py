@@ -108,6 +108,19 @@ def unpack(values_BxS, plan: PackPlan, attn_mask_BxS, *, micro_batches: int) -> 
   return np.where(np.asarray(attn_mask_BxS) > 0, out, 0).astype(values_BxS.dtype)
 
 
+def to_rows(values_BxSxF, plan: PackPlan, attn_mask_BxS, *, micro_batches: int,
+            fill) -> np.ndarray:
+  """Inverse of `unpack`: per-sequence [B, S, ...] values placed on the packed rows [B, S, ...]
+  (host), `fill` where no sequence's token is."""
+  values = np.asarray(values_BxSxF)
+  b, s = values.shape[:2]
+  mask = np.asarray(attn_mask_BxS) > 0
+  flat = (plan.src_BxS // s) * micro_batches + plan.micro_B[:, None]
+  out = np.full(values.shape, fill, values.dtype)
+  out[flat[mask], plan.src_BxS[mask] % s] = values[mask]
+  return out
+
+
 def identity_plan(tokens_BxS, attn_mask_BxS, *, micro_batches: int) -> PackPlan:
   """`pack(..., enabled=False)` on device, for a mini-batch given without a plan (jnp)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

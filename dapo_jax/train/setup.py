@@ -8,11 +8,11 @@ import jax
 from dapo_jax import paths, sharding
 from dapo_jax.config import Config
 from dapo_jax.config_sections import (  # noqa: F401  (re-exported: setup.ARCH_FIELDS etc.)
-    ARCH_FIELDS, RUN_FIELDS, SOURCE_FIELDS)
+    ARCH_FIELDS, RUN_FIELDS, SOURCE_FIELDS, TRAINER_FIELDS)
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
 from dapo_jax.models import hf_io, sharded
-from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.config import ModelConfig, family_fields
 
 _EVAL_SETS = ("aime_2024", "aime_2025", "amc_2023", "math_500")
 # Tasks generated here (train + held-out split); eval_name "<name>_heldout" is their held-out set.
@@ -120,7 +120,7 @@ def model_config(cfg: Config, vocab_size: int, hf: ModelConfig | None = None) ->
     return dataclasses.replace(hf, **run_overrides(cfg, hf.max_position_embeddings))
   arch = {f: getattr(model, f) for f in ARCH_FIELDS}
   arch["vocab_size"] = model.vocab_size or vocab_size
-  return ModelConfig(**arch, **run_overrides(cfg))
+  return ModelConfig(**arch, **family_fields(model.num_experts), **run_overrides(cfg))
 
 
 def build_model(cfg: Config, mesh, tokenizer):

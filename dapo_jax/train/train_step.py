@@ -35,6 +35,10 @@ class MiniBatch:
   field is part of the pytree's structure): without `old_logp_BxS` the update is on-policy
   (`on_policy`), with `behav_logp_BxS` the off-policy correction (`algo.is_correction`) and the
   sampler-vs-trainer mismatch metrics are computed, `ref_logp_BxS` feeds the KL term.
+  `expert_ids_BxSxLxK` (routing replay, `model.routing_replay`) are the sampler's experts of
+  every token of the rows the model runs on: `pack`'s packed rows once a plan is set
+  (`logprob_pass.with_plans`), else the sequence rows; the update and the log-prob pass route
+  each token by them (-1: by the trainer's router).
   """
   tokens_BxS: Any                   # int32
   attn_mask_BxS: Any                # float32: 1 on prompt and response tokens
@@ -44,6 +48,7 @@ class MiniBatch:
   old_logp_BxS: Any = None          # log pi_old at the response tokens (0 elsewhere)
   behav_logp_BxS: Any = None        # the sampler's log-probs, as sampled
   ref_logp_BxS: Any = None          # the reference policy's (algo.kl_coef > 0)
+  expert_ids_BxSxLxK: Any = None    # int16 routing replay: experts per token and MoE layer
 
   @property
   def on_policy(self) -> bool:
@@ -69,8 +74,9 @@ def on_policy_update(cfg: Config) -> bool:
           and algo.is_correction == "none" and not loss_modes.MODES[algo.loss_mode].selects)
 
 
-def abstract_minibatch(cfg: Config, data_sharding) -> MiniBatch:
-  """The MiniBatch `prepare` builds for one update under `cfg`, as ShapeDtypeStructs."""
+def abstract_minibatch(cfg: Config, data_sharding, moe_shape=None) -> MiniBatch:
+  """The MiniBatch `prepare` builds for one update under `cfg`, as ShapeDtypeStructs.
+  moe_shape: (MoE layers, experts per token) of the model, for `model.routing_replay`."""
   b, s, algo = cfg.minibatch_seqs, cfg.seq_len, cfg.algo
 
   def arr(dtype, *shape):
@@ -83,7 +89,8 @@ def abstract_minibatch(cfg: Config, data_sharding) -> MiniBatch:
       pack=PackPlan(*(arr(jnp.int32, s) for _ in range(4)), micro_B=arr(jnp.int32)),
       old_logp_BxS=per_token(not on_policy_update(cfg)),
       behav_logp_BxS=per_token(algo.is_correction != "none"),
-      ref_logp_BxS=per_token(algo.kl_coef > 0))
+      ref_logp_BxS=per_token(algo.kl_coef > 0),
+      expert_ids_BxSxLxK=arr(jnp.int16, s, *moe_shape) if cfg.model.routing_replay else None)
 
 
 def train_step(state: TrainState, minibatch: MiniBatch, *, graphdef, optimizer, cfg: Config,

@@ -79,7 +79,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
       jnp.asarray(batch.reward), scale_by_std=algo.adv_scale_by_std, eps=algo.adv_eps))
   rows, resp_mask = groups_lib.training_batch(batch, adv_NxG, seq_len=cfg.seq_len,
                                               overlong_filter=algo.overlong_filter)
-  rows = dataclasses.replace(rows, pack=logprob_pass.plans(cfg, rows))
+  rows = logprob_pass.with_plans(cfg, rows)
   logp = entropy = None
   if separate_pass or not train_step_lib.on_policy_update(cfg):
     logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, rows,
