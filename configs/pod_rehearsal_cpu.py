@@ -2,16 +2,18 @@
 
 configs/dapo_qwen25_32b.py with a fresh random model in Qwen2.5-32B's proportions (2 layers,
 1/16 of the width, 1/4 of the heads: 5 query heads per KV head, head_dim 128 as in the 32B and
-as the TPU paged kernel needs, MLP 5.4x the model width, untied embeddings), the DAPO-Math-17k prompts in SmolLM2's ChatML chat template (its
-tokenizer: experiments/rehearse_pod.py writes it from the shipped GGUF), bf16 compute over
-float32 master weights, a paged KV pool small enough to preempt, packing, 16 mini-batch updates
-per rollout step, truncated IS correction, a checkpoint every step, and the pod's mesh axes
-(fsdp x tensor) over 2 processes x 4 CPU devices.
+as the TPU paged kernel needs, MLP 5.4x the model width, untied embeddings), the DAPO-Math-17k
+prompts in SmolLM2's ChatML chat template (its tokenizer: experiments/rehearse_pod.py writes it
+from the shipped GGUF), bf16 compute over float32 master weights, a paged KV pool smaller than
+the batch needs, packing, 16 mini-batch updates per rollout step, truncated IS correction, a
+checkpoint every step, and the pod's mesh axes (fsdp x tensor) over 2 processes x 4 CPU devices.
 
 COMMAND (the rehearsal: this loop on 2 processes, a resume, and the TPU kernels in interpret
 mode against the reference path):
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
-EXPECTED: ~10 min on 2 busy CPU cores. A random policy earns no reward, so advantages are 0
+EXPECTED: on 2026-12-03, on this 2-core machine under a load average of 16-23, the loop took
+  28 min, the resume 12 min and the kernel stage 8 min (figures: docs/scale.md; an idle
+  machine was not available to time it). A random policy earns no reward, so advantages are 0
   and the updates leave the policy as it was, bar weight decay; what is checked is the code
   path (mesh, pages, packing, IS weights, save/resume) and the numbers the kernels compute.
 
@@ -43,7 +45,8 @@ def get_config(arg=None):
   c.rollout.max_new_tokens = 16         # tokens (L_max)
   c.rollout.num_slots = 32              # concurrent sequences, all hosts
   c.rollout.kv_cache_gib = 0.0003       # GiB per chip: 19 pages of 16 tokens per batch shard,
-                                        # fewer than its 8 rows x 5 pages: it preempts
+                                        # fewer than its 8 rows x 5 pages: rows wait for
+                                        # pages, or are preempted when a shard runs out
   c.algo.overlong_cache_len = 4         # tokens (L_cache)
   c.algo.dynamic_sampling = False       # a random policy's groups are all wrong: none kept
   c.algo.is_correction = "tis_token"    # truncated IS on the sampler's behaviour log-probs

@@ -53,8 +53,11 @@ def _watchdog(poll_s: float = 5.0) -> None:
 def lost_processes() -> list[int] | None:
   """Processes the coordination service no longer sees (None: the coordinator itself is gone)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
-  client = jax_distributed.global_state.client
-  everyone = list(range(jax.process_count()))
+  state = jax_distributed.global_state
+  client = state.client
+  if client is None:  # shut down (at exit): no peer to lose. jax.process_count() here would
+    return []         # start a new CPU backend and abort the process (seen on 2026-12-03)
+  everyone = list(range(state.num_processes))
   try:
     live = client.get_live_nodes(everyone)
   except Exception:  # pylint: disable=broad-except  # any failure here: no coordinator answers

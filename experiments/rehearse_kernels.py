@@ -18,7 +18,8 @@ from dapo_jax.rollout.engine import Engine
 from dapo_jax.rollout.sampler import GroupSampler
 from dapo_jax.train import groups as groups_lib, logprob_pass, objective, placement, setup
 
-TOL = {"kernel_logp": 1e-4, "logp": 0.25, "loss_rel": 0.05, "paged_logp": 0.25}  # why: rehearse_pod.py
+# Why these: experiments/rehearse_pod.py's docstring.
+TOL = {"kernel_logp": 1e-4, "logp": 0.25, "loss_rel": 0.05, "paged_logp": 0.25}
 
 
 def _variant(cfg, **model):
@@ -35,7 +36,8 @@ def _prompts(cfg, task, n):
 
 def _sample(model, cfg, mesh, prompts, task, impl):
   """One rollout by the paged engine on `mesh` with the given decode attention, its pool two
-  full-length rows per batch shard (plus the null page): fewer than the rows, so it preempts."""
+  full-length rows per batch shard (plus the null page), fewer than the rows: rows wait for
+  pages (and are preempted if a shard runs out; `paged_preemptions` counts it)."""
   r = cfg.rollout
   pages = mesh.shape["data"] * (2 * -(-cfg.seq_len // r.page_size) + 1)
   engine = Engine(model, num_slots=len(prompts) * r.group_size,

@@ -324,7 +324,8 @@ def test_architecture_overrides_allowed_where_they_act():
   c = importlib.import_module("configs.dapo_qwen25_32b").get_config()
   c.model.source = "config"
   c.model.num_layers = 4
-  assert config_lib.parse(c, {"model.source": "config", "model.num_layers": 4}).model.num_layers == 4
+  parsed = config_lib.parse(c, {"model.source": "config", "model.num_layers": 4})
+  assert parsed.model.num_layers == 4
   hf = importlib.import_module("configs.dapo_qwen25_32b").get_config()
   config_lib.parse(hf, {"model.remat": False, "model.vocab_size": 0, "train.num_steps": 3})
 

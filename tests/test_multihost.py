@@ -92,3 +92,14 @@ def test_two_processes_split_placement_with_staleness(tmp_path):
   assert [r["step"] for r in recs] == [1, 2, 3]
   assert all(r["staleness_max"] <= 1.0 and np.isfinite(r["loss"]) for r in recs)
   assert recs[0]["staleness_max"] == 0.0  # the first batch: sampled before any update
+
+
+def test_watchdog_quiet_after_shutdown(monkeypatch):
+  """After jax.distributed.shutdown (at exit) the peer watchdog must not ask JAX for the process
+  count: that starts a new CPU backend against the closed coordinator and aborts the process
+  (exit -6 after a finished 2-process run, 2026-12-03)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+  from dapo_jax import distributed  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(jax_distributed.global_state, "client", None)
+  monkeypatch.setattr(distributed.jax, "process_count", lambda: pytest.fail("process_count"))
+  assert distributed.lost_processes() == []

@@ -34,8 +34,9 @@ def test_rehearsal_config_is_the_pod_recipe_at_cpu_width():
   assert c.train.packing and c.rollout.paged_kv and c.task.chat_template
   assert c.algo.is_correction == "tis_token" and c.checkpoint.every_steps == 1
   assert (c.mesh.fsdp, c.mesh.tensor) == (-1, 2)
-  # The pool preempts: 2 layers x 1 KV head per chip x 128 x K, V x bf16 = 16 KiB per 16-token
-  # page, so kv_cache_gib holds 32 pages per batch shard, fewer than its 8 rows x 7 pages.
+  # The pool is smaller than the rows need: 2 layers x 1 KV head per chip x 128 x K, V x bf16
+  # = 16 KiB per 16-token page, so kv_cache_gib holds 19 pages per batch shard, fewer than
+  # its 8 rows x 5 pages.
   pages = int(c.rollout.kv_cache_gib * 2**30 // (16 * 2 * 1 * 128 * 2 * 2))
   rows_per_shard = c.rollout.num_slots // 4  # 2 hosts x data 2 of the sampler mesh
   assert pages < rows_per_shard * -(-c.seq_len // c.rollout.page_size)
