@@ -94,9 +94,11 @@ def render(rows: list[dict]) -> str:
           "stale tokens | mismatch k3 | step / rollout / update s (median) | overlap |")
   lines = [head, "|" + "---|" * 10]
   for r in rows:
+    paired = r["k"] and r["paired_seeds"] >= 2
     cmp = (f"{100 * r['diff']:+.1f} [{100 * (r['diff'] - r['ci_half']):+.1f}, "
-           f"{100 * (r['diff'] + r['ci_half']):+.1f}] pts" if r["k"] else "—")
-    p = f"{r['p']:.2f} / {r['p_adj']:.2f}" if r["k"] else "—"
+           f"{100 * (r['diff'] + r['ci_half']):+.1f}] pts" if paired else
+           f"{100 * r['diff']:+.1f} pts (1 seed)" if r["k"] else "—")
+    p = f"{r['p']:.2f} / {r['p_adj']:.2f}" if paired else "—"
     lines.append(
         f"| {r['k']} | {len(r['seeds'])} | {100 * r[METRIC]:.1f} % | {cmp} | {p} | "
         f"{r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {100 * r['stale_token_frac']:.0f} % | "
