@@ -11,7 +11,10 @@ COMMAND (every worker of a Cloud TPU v5p-32 slice, 16 chips; the launcher prints
 EXPECTED: not run here (no accelerator, no network for the checkpoint). Fit and cost on a TPU
   slice, checked on CPU (no weights needed: the architecture is the preset of the same name in
   dapo_jax/aot/shapes.py when the checkpoint directory is absent):
-  python -m dapo_jax.aot --config=configs/dapo_qwen3_30b_a3b.py --topology=v5p-32 (docs/scale.md)
+  python -m dapo_jax.aot --config=configs/dapo_qwen3_30b_a3b.py --topology=v5p-32 (docs/moe.md)
+  Compiled for v5p-32 on 2026-12-03: the update peaks at 86.19 GiB per chip, which with the
+  sampler's resident weights (~14.2 GiB) exceeds v5p's 95 GiB; v5p-64 (mesh fsdp 8, micro-batch
+  8) is the next slice to compile (docs/moe.md).
 Routing replay is on: the sampler records every token's 8 experts in each of the 48 layers and
 the old-log-prob pass and the update route by them (docs/moe.md).
 """
