@@ -11,7 +11,10 @@ COMMAND (every worker of a Cloud TPU v5p-32 slice, 16 chips; the launcher prints
 EXPECTED: not run here (no accelerator, no network for the checkpoint). Fit and cost on a TPU
   slice, checked on CPU (no weights needed: the architecture is the preset of the same name in
   dapo_jax/aot/shapes.py when the checkpoint directory is absent):
-  python -m dapo_jax.aot --config=configs/dapo_qwen3_30b_a3b.py --topology=v5p-32 (docs/scale.md)
+  python -m dapo_jax.aot --config=configs/dapo_qwen3_30b_a3b.py --topology=v5p-32 (docs/moe.md)
+  Compiled for v5p-32 on 2026-12-03: does not fit (step peak 100.43 GiB per chip: the update's
+  86.19 + the sampler's weights 14.24; the decode chunk out of memory at compile; JSON in
+  experiments/results); v5p-64 (micro-batch 8) is the next slice to compile (docs/moe.md).
 Routing replay is on: the sampler records every token's 8 experts in each of the 48 layers and
 the old-log-prob pass and the update route by them (docs/moe.md).
 """
