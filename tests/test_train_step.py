@@ -130,7 +130,7 @@ def test_on_policy_minibatch_equals_old_logprobs_from_a_separate_pass(mode, micr
   cfg = _cfg(loss_mode=mode, micro_batch_size=micro)
   batch = _batch(seed=6)
   graphdef, state, opt = _setup(cfg=cfg)
-  logp, ent = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS)
+  logp, ent, _ = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS)
   given = _with(batch, old_logp_BxS=np.asarray(logp) * batch.loss_mask_BxS)
   want, m_want, tok_want = _step(graphdef, opt, cfg)(state, given)
   graphdef, state, opt = _setup(cfg=cfg)
@@ -267,7 +267,7 @@ def test_first_step_loss_equals_the_numpy_oracle():
   compute_policy_loss + agg_loss) from the model's own log-probs at the initial params."""
   graphdef, state, opt = _setup(seed=0)
   batch = _batch(seed=0)
-  logp, _ = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS,
+  logp, _, _ = logprobs(graphdef, state.params, batch.tokens_BxS, batch.attn_mask_BxS,
                      with_entropy=False)
   logp = np.asarray(logp, np.float64)
   mask = batch.loss_mask_BxS.astype(np.float64)
