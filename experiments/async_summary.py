@@ -36,7 +36,7 @@ def _mean(run, key: str) -> float:
 
 def _overlap_share(run) -> float:
   """Share of steps after the first whose rollout + update spans exceed the step's wall time."""
-  rows = [r for r in run.train if r["step"] > 0 and "time_step_s" in r]
+  rows = [r for r in run.train[1:] if "time_step_s" in r]  # run.train is sorted by step
   if not rows:
     return float("nan")
   return float(np.mean([r["time_rollout_s"] + r["time_update_s"] > r["time_step_s"]
