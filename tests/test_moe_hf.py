@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from dapo_jax.models import hf_io  # noqa: E402
+from tests import greedy_parity  # noqa: E402
 
 VOCAB = 61
 # mixed: dense layer 1 between MoE layers, normalised top-k; uniform: every layer MoE, raw
@@ -111,21 +112,8 @@ def test_greedy_decode_matches_transformers(checkpoints):
   model, _ = hf_io.load_pretrained(path)
   toks, mask = _batch()
   lengths = mask.sum(1)
-  logits, cache = _prefill(model, jnp.asarray(toks * mask), jnp.asarray(lengths))
-  pos, ours = jnp.asarray(lengths), []
-  for _ in range(20):
-    nxt = jnp.argmax(logits, axis=-1)
-    ours.append(nxt)
-    logits, cache = _decode(model, nxt, pos, cache)
-    pos = pos + 1
-  ours = np.stack(ours, axis=1)
-  for b, n in enumerate(lengths):
-    with torch.no_grad():
-      out = hf_model.generate(torch.tensor(toks[b:b + 1, :n]), do_sample=False,
-                              max_new_tokens=20, min_new_tokens=20, eos_token_id=None,
-                              pad_token_id=0, attention_mask=torch.ones(1, n, dtype=int))
-    np.testing.assert_array_equal(ours[b], out[0, n:].numpy())
-  assert len(set(ours.ravel().tolist())) > 3  # not a degenerate constant output
+  ours = greedy_parity.greedy_tokens(_prefill, _decode, model, toks * mask, lengths, 20)
+  greedy_parity.assert_equals_hf_generate(hf_model, toks, lengths, ours)
 
 
 def test_fused_expert_layout_and_old_config_spelling_load(checkpoints, tmp_path):

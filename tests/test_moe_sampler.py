@@ -7,6 +7,7 @@ import pytest
 
 from dapo_jax.rollout.engine import Engine
 from dapo_jax.rollout.sampler import GroupSampler, make_sampler
+from tests import greedy_parity
 from tests.test_moe import CFG, _model
 from tests.test_rollout_sampler import MAX_LEN, P_LEN, _greedy_reference, _teacher_forced
 
@@ -29,10 +30,8 @@ def test_paged_greedy_equals_full_forward(cfg, layer_loop):
                                 layer_loop=layer_loop))
   prompts = _prompts(3, seed=5)
   r = sampler.sample_groups(prompts, group_size=2, max_new_tokens=10, temperature=0.0, seed=9)
-  for i, p in enumerate(prompts):
-    ref = _greedy_reference(model, p, 10)
-    for j in range(2):
-      np.testing.assert_array_equal(r.tokens[i, j], ref)
+  greedy_parity.assert_groups_greedy(r, prompts, lambda p, n: _greedy_reference(model, p, n),
+                                     steps=10, group_size=2)
   assert len(set(r.tokens.ravel().tolist())) > 3
 
 

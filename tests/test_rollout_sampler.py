@@ -10,6 +10,7 @@ from dapo_jax import sharding
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2, token_logprobs
 from dapo_jax.rollout import flops
 from dapo_jax.rollout.sampler import make_sampler
+from tests import greedy_parity
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)
@@ -104,10 +105,8 @@ def _greedy_reference(model, prompt, steps):
 def test_greedy_equals_model_greedy(model, sampler):
   prompts = prompts_of(3, seed=5)
   r = sampler.sample_groups(prompts, group_size=2, max_new_tokens=12, temperature=0.0, seed=9)
-  for i, p in enumerate(prompts):
-    ref = _greedy_reference(model, p, 12)
-    for j in range(2):
-      np.testing.assert_array_equal(r.tokens[i, j], ref)
+  greedy_parity.assert_groups_greedy(r, prompts, lambda p, n: _greedy_reference(model, p, n),
+                                     steps=12, group_size=2)
   assert np.all(r.lengths == 12) and r.truncated.all()
 
 

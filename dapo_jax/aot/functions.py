@@ -124,14 +124,19 @@ def _decode_state(cfg: Config, sm, smesh, slots: int, cache: dict, host):
   return shapes.sds(jax.eval_shape(init, sm.params, {}, key, *scal, eos), state_sh), state_sh
 
 
+def _sampler_slots(cfg: Config, mcfg, smesh, hosts: int) -> int:
+  """Concurrent sequences per sampler replica, as make_sampler sizes them."""
+  r = cfg.rollout
+  return budget.sampler_slots(
+      num_slots=r.num_slots, kv_cache_gib=r.kv_cache_gib, group_size=r.group_size, mcfg=mcfg,
+      max_len=cfg.seq_len, mesh_shape=smesh.shape, paged=r.paged_kv, hosts=hosts)
+
+
 def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
                  hosts: int = 1) -> tuple[list, dict, int, dict]:
   """prefill / insert / generate chunk on one sampler replica's mesh, as engine.py jits them."""
-  max_len, rollout = cfg.seq_len, cfg.rollout
-  slots = budget.sampler_slots(
-      num_slots=rollout.num_slots, kv_cache_gib=rollout.kv_cache_gib,
-      group_size=rollout.group_size, mcfg=mcfg, max_len=max_len, mesh_shape=smesh.shape,
-      paged=rollout.paged_kv, hosts=hosts)
+  rollout = cfg.rollout
+  slots = _sampler_slots(cfg, mcfg, smesh, hosts)
   sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype)
   g, c, rest, record = sm.graphdef, mcfg, {}, cfg.model.routing_replay  # record: the experts
   cache = _sampler_cache(cfg, mcfg, smesh, slots)

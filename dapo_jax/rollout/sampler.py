@@ -140,12 +140,24 @@ class GroupSampler:
                book=book_lib.SlotBook(n=n, g=g, t_max=t_max, slots=b, eos=sp.eos_ids,
                                       experts=_expert_shape(eng)), pool=pool,
                queue=book_lib.SampleQueue(n * g), st=eng.init_decode_state(sp))
+    self._decode_until_done(run, between_chunks)
+    stats = _stats(eng.cfg, run, [r.size for r in rows], slots=b,
+                   wall=time.perf_counter() - t0)
+    book = run.book
+    return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, versions=book.versions,
+                        lengths=book.lengths, truncated=book.truncated, stats=stats,
+                        expert_ids=book.experts, prompt_expert_ids=book.prompt_experts)
+
+  def _decode_until_done(self, run: "_SampleCall",
+                         between_chunks: Callable[[], None] | None) -> None:
+    """Refills free slots and runs decode chunks until every queued sample has finished."""
+    eng, pool = self.engine, run.pool
     while True:
       self._refill(run)
       if not run.book.busy():
         if run.queue.pending():  # cannot happen: an empty shard holds any one sample
           raise RuntimeError("sample_groups: samples wait but none could be admitted")
-        break
+        return
       if pool is not None:
         self._grow(run)
       run.st, out = eng.generate_chunk(eng.params, run.st, stop_on_finish=run.queue.pending(),
@@ -158,13 +170,6 @@ class GroupSampler:
           pool.release(slot)
       if between_chunks is not None:
         between_chunks()
-
-    stats = _stats(eng.cfg, run, [r.size for r in rows], slots=b,
-                   wall=time.perf_counter() - t0)
-    book = run.book
-    return GroupRollout(tokens=book.tokens, logprobs=book.logprobs, versions=book.versions,
-                        lengths=book.lengths, truncated=book.truncated, stats=stats,
-                        expert_ids=book.experts, prompt_expert_ids=book.prompt_experts)
 
   def _refill(self, run: "_SampleCall") -> None:
     """Inserts queued samples (preempted ones first, then in (prompt, sample) order) into free
