@@ -111,6 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
       kl_coef=0.0,
       kl_kind="k3",
       entropy_coef=0.0,
+      router_aux_coef=0.0,      # MoE: + coef x the router's load-balancing loss (HF: 0.001)
       old_logp_source="recompute",
   )
   c.train = dict(

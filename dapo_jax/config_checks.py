@@ -29,6 +29,7 @@ def validate(c):
   Runs before anything imports a model or starts JAX's backends."""
   _require(c.seed >= 0, "seed", f"must be >= 0, got {c.seed}")
   _validate_model(c.model)
+  _validate_experts(c.model, c.algo)
   _validate_task(c.task, c.warm_start)
   _validate_rollout(c.rollout)
   _validate_async(c.rollout, c.algo)
@@ -59,10 +60,9 @@ def _validate_model(m: "ModelCfg"):
     _require(getattr(m, f) in ("float32", "bfloat16"), f"model.{f}",
              f"must be float32 or bfloat16, got {getattr(m, f)!r}")
   _positive("model", m, "logits_chunk")
-  _validate_experts(m)
 
 
-def _validate_experts(m: "ModelCfg"):
+def _validate_experts(m: "ModelCfg", a: "AlgoCfg"):
   _require(m.moe_impl in ("grouped", "dense"), "model.moe_impl",
            f"must be 'grouped' or 'dense', got {m.moe_impl!r}")
   _positive("model", m, "num_experts", allow_zero=True)
@@ -72,6 +72,10 @@ def _validate_experts(m: "ModelCfg"):
              f"{m.num_experts_per_tok} experts per token exceed num_experts {m.num_experts}")
   _require(not (m.routing_replay and m.source == "config" and not m.num_experts),
            "model.routing_replay", "needs a mixture-of-experts model (num_experts > 0)")
+  _positive("algo", a, "router_aux_coef", allow_zero=True)
+  # An HF checkpoint's experts are known at load; the loss refuses a dense one there.
+  _require(not (a.router_aux_coef and m.source == "config" and not m.num_experts),
+           "algo.router_aux_coef", "needs a mixture-of-experts model (num_experts > 0)")
 
 
 def _validate_task(t: "TaskCfg", w: "WarmStartCfg"):

@@ -144,6 +144,7 @@ class AlgoCfg:
   kl_coef: float              # 0 = no reference model, nothing computed
   kl_kind: str                # k1 | k2 | k3
   entropy_coef: float         # entropy bonus; 0 = off
+  router_aux_coef: float      # MoE: weight of the router's load-balancing loss; 0 = off
   old_logp_source: str        # "recompute" (trainer forward, as the reference) | "sampler"
 
   def loss_params(self) -> dict:

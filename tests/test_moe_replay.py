@@ -145,9 +145,11 @@ def test_groups_select_and_concat_keep_the_experts(sampled):
 def test_route_metrics_by_hand():
   # Two micro-batches: 3 of 4 and 1 of 4 token-layers agree; loads per layer summed over them.
   route = RouteStats(agree=jnp.array([3.0, 1.0]), token_layers=jnp.array([4.0, 4.0]),
-                     load_LxE=jnp.array([[[1.0, 1.0], [3.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]]))
+                     load_LxE=jnp.array([[[1.0, 1.0], [3.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]]),
+                     balance_x_tokens=jnp.array([2.0 * 4, 3.5 * 2]), tokens=jnp.array([4.0, 2.0]))
   m = route_metrics(route, replayed=True)
   np.testing.assert_allclose(m["routing_agreement"], 0.5)
+  np.testing.assert_allclose(m["router_aux_loss"], 15.0 / 6.0, rtol=1e-6)  # token-weighted
   # layer 0: (2, 2) balanced = 1; layer 1: (4, 2), max 4 over mean 3.
   np.testing.assert_allclose(m["expert_load_max"], 4.0 / 3.0, rtol=1e-6)
   assert "routing_agreement" not in route_metrics(route, replayed=False)

@@ -40,6 +40,7 @@ class _WholeBatch:
   """What is decided over the whole mini-batch before it is split (None where unused)."""
   is_weight_BxS: Any    # the off-policy correction's per-token weights (tis_*)
   selected_BxS: Any     # Clip-Cov / KL-Cov's selected tokens
+  num_tokens: Any = None  # valid (prompt and response) tokens: the router loss's weights
 
 
 @jax.tree_util.register_dataclass
@@ -60,6 +61,8 @@ class RouteStats:
   agree: Any            # token-layers whose router's own top-k set is the experts used
   token_layers: Any     # valid tokens x MoE layers
   load_LxE: Any         # (token, slot) pairs per expert and MoE layer
+  balance_x_tokens: Any  # the forward's load-balancing loss x its valid tokens
+  tokens: Any           # valid tokens
 
   @staticmethod
   def of(routing) -> "RouteStats | None":
@@ -67,16 +70,21 @@ class RouteStats:
       return None
     return RouteStats(agree=jnp.sum(routing.agree_L),
                       token_layers=routing.num_tokens * routing.agree_L.shape[0],
-                      load_LxE=routing.tokens_per_expert_LxE)
+                      load_LxE=routing.tokens_per_expert_LxE,
+                      balance_x_tokens=routing.load_balancing_loss() * routing.num_tokens,
+                      tokens=routing.num_tokens)
 
 
 def route_metrics(route_k: RouteStats, *, replayed: bool) -> dict:
   """routing_agreement (replay: share of token-layers where the trainer's router picks the
   sampler's top-k set) and expert_load_max (the most loaded expert's tokens over the mean,
-  the worst MoE layer; 1 = balanced) from stacked micro-batch RouteStats."""
+  the worst MoE layer; 1 = balanced) and router_aux_loss (the load-balancing loss, the
+  micro-batches' token-weighted mean) from stacked micro-batch RouteStats."""
   load_LxE = jnp.sum(route_k.load_LxE, axis=0)
   mean_L = jnp.maximum(jnp.mean(load_LxE, axis=-1), 1e-9)
-  out = {"expert_load_max": jnp.max(jnp.max(load_LxE, axis=-1) / mean_L)}
+  out = {"expert_load_max": jnp.max(jnp.max(load_LxE, axis=-1) / mean_L),
+         "router_aux_loss": (jnp.sum(route_k.balance_x_tokens)
+                             / jnp.maximum(jnp.sum(route_k.tokens), 1.0))}
   if replayed:
     out["routing_agreement"] = (jnp.sum(route_k.agree)
                                 / jnp.maximum(jnp.sum(route_k.token_layers), 1.0))
@@ -136,6 +144,11 @@ def _objective(params, graphdef, mb, whole: _WholeBatch, rows, i, denominator, c
   if need_entropy:
     ent_loss = losses.aggregate(ent * mask, mask, **agg)
     total = total - algo.entropy_coef * ent_loss
+  if algo.router_aux_coef > 0:  # Switch's loss is not a sum over tokens: weight each
+    if route is None:           # micro-batch's own by its share of the mini-batch's tokens
+      raise ValueError(f"config.algo.router_aux_coef={algo.router_aux_coef} needs a "
+                       "mixture-of-experts model; this one has no router")
+    total = total + algo.router_aux_coef * route.balance_x_tokens / whole.num_tokens
   tokens = TokenStats(*map(jax.lax.stop_gradient, (logp, ent))) if mb.on_policy else None
   return total, (_Terms(pg_loss, kl, ent_loss, pl_stats, route), tokens)
 
@@ -232,7 +245,8 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
   if losses.MODES[cfg.algo.loss_mode].selects:
     key = jax.random.PRNGKey(cfg.seed) if key is None else key
     selected = _select(params, graphdef, mb, rows_k, n_used, cfg, key, mesh)
-  whole = _WholeBatch(is_weight_BxS=weight, selected_BxS=selected)
+  whole = _WholeBatch(is_weight_BxS=weight, selected_BxS=selected,
+                      num_tokens=jnp.maximum(jnp.sum(mb.attn_mask_BxS > 0), 1))
   grad_fn = jax.value_and_grad(_objective, has_aux=True)
   run = lambda i, rows: grad_fn(params, graphdef, mb, whole, rows, i, denominator, cfg, mesh)
   shapes = jax.eval_shape(run, 0, jax.tree.map(lambda x: x[0], rows_k))
