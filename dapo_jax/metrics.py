@@ -204,15 +204,14 @@ def combine_updates(step_metrics: list[dict]) -> dict:
   return out
 
 
-def policy_lag(batch, prep, version: int) -> dict:
+def policy_lag(batch, prep, version: int, is_cap: float) -> dict:
   """How far the trained tokens lag the policy that trains on them, and how far the sampler's
   log-probs are from the trainer's on them (response tokens).
 
   staleness = version - the version that drew the token (0 in the synchronous loop):
   staleness_mean / _max, stale_token_frac (share > 0), staleness_counts (tokens per value).
-  mismatch_k1 / _k3: KL(sampler || trainer) estimated on the sampled tokens from
-  delta = log pi_trainer - log pi_sampler: k1 = mean(-delta), k3 = mean(e^delta - delta - 1)
-  (bf16 sampler vs f32 trainer, other kernels, a stale policy)."""
+  The sampler-vs-trainer gap (a bf16 sampler vs an f32 trainer, other kernels, a stale
+  policy): mismatch_figures."""
   n, g, r = batch.versions.shape
   resp = np.arange(r)[None, None, :] < batch.lengths[:, :, None]
   lag = version - batch.versions[resp].astype(np.int64)
@@ -220,11 +219,37 @@ def policy_lag(batch, prep, version: int) -> dict:
          "staleness_max": float(lag.max()) if lag.size else 0.0,
          "stale_token_frac": float((lag > 0).mean()) if lag.size else 0.0,
          "staleness_counts": np.bincount(np.maximum(lag, 0)).tolist() if lag.size else []}
-  mask = np.asarray(prep.resp_mask_BxS, bool)
-  delta = np.where(mask, np.asarray(prep.logp_BxS, np.float64)
-                   - np.asarray(prep.behav_logp_BxS, np.float64), 0.0)
-  out["mismatch_k1"] = _masked_mean(-delta, mask)
-  out["mismatch_k3"] = _masked_mean(np.expm1(delta) - delta, mask)
+  out.update(mismatch_figures(prep.logp_BxS, prep.behav_logp_BxS, prep.resp_mask_BxS,
+                              is_cap=is_cap))
+  return out
+
+
+MISMATCH_PERCENTILES = (50, 90, 99)
+
+
+def mismatch_figures(trainer_logp, sampler_logp, mask, *, is_cap: float) -> dict:
+  """The gap between the trainer's and the sampler's log-probs of the sampled tokens (host
+  arrays; `mask` marks the tokens), delta = log pi_trainer - log pi_sampler per token:
+
+  mismatch_k1 / _k3: KL(sampler || trainer) estimated on the sampled tokens, k1 = mean(-delta),
+  k3 = mean(e^delta - delta - 1); mismatch_abs_p50 / _p90 / _p99 / _max: percentiles of |delta|
+  (nats); mismatch_capped_frac: the share of tokens whose IS weight e^delta exceeds `is_cap`
+  (what algo.is_correction="tis_token" truncates); mismatch_outside_frac: the share outside
+  [1/is_cap, is_cap] (what "mask_token" drops). All 0 when no token is marked."""
+  m = np.asarray(mask, bool)
+  delta = (np.asarray(trainer_logp, np.float64) - np.asarray(sampler_logp, np.float64))[m]
+  if not delta.size:
+    keys = ["k1", "k3", *(f"abs_p{q}" for q in MISMATCH_PERCENTILES), "abs_max",
+            "capped_frac", "outside_frac"]
+    return {f"mismatch_{k}": 0.0 for k in keys}
+  a, log_cap = np.abs(delta), math.log(is_cap)
+  out = {"mismatch_k1": float(np.mean(-delta)), "mismatch_k3": float(np.mean(np.expm1(delta)
+                                                                            - delta))}
+  out.update({f"mismatch_abs_p{q}": float(v)
+              for q, v in zip(MISMATCH_PERCENTILES, np.percentile(a, MISMATCH_PERCENTILES))})
+  out["mismatch_abs_max"] = float(a.max())
+  out["mismatch_capped_frac"] = float(np.mean(delta > log_cap))
+  out["mismatch_outside_frac"] = float(np.mean(a > log_cap))
   return out
 
 
@@ -234,12 +259,12 @@ def _masked_mean(x, mask) -> float:
 
 
 def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dict,
-                    timer: PhaseTimer, version: int) -> dict:
+                    timer: PhaseTimer, version: int, is_cap: float) -> dict:
   """The dashboard record of one rollout step (the paper's Figs. 2-7 quantities, host floats).
 
   batch: the kept Groups; prep: the trainer's Prepared layout; step_metrics: host dicts of the
   step's updates; sampling_summary: dynamic sampling's per-step summary (all rounds); version:
-  the policy version the step trained (its number)."""
+  the policy version the step trained (its number); is_cap: algo.is_cap (mismatch_figures)."""
   lengths = batch.lengths.astype(np.float64)
   tokens_generated = sampling_summary["gen_tokens"]  # all rounds, not only the kept groups
   out = {
@@ -257,7 +282,7 @@ def rollout_metrics(batch, prep, step_metrics: list[dict], sampling_summary: dic
   out["tokens_per_s"] = tokens_generated / max(timer.seconds.get("rollout", 0.0), 1e-9)
   out.update(sampling_summary)
   out.update(combine_updates(step_metrics))
-  out.update(policy_lag(batch, prep, version))
+  out.update(policy_lag(batch, prep, version, is_cap))
   return out
 
 

@@ -26,9 +26,9 @@ def _variant(cfg, **model):
   return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
 
 
-def _prompts(cfg, task, n):
-  """The first n DAPO-Math-17k prompts (in the chat template when the config says so),
-  left-truncated as the loop does."""
+def prompts_of(cfg, task, n):
+  """The task's first n training prompts as token ids (in the chat template when the config
+  says so), left-truncated as the loop does (here: DAPO-Math-17k's)."""
   chat = cfg.task.chat_template
   return [pipeline.encode_prompt(task.tokenizer, ex.prompt, use_chat_template=chat)
           [-cfg.task.max_prompt_len:] for ex in task.train[:n]]
@@ -50,7 +50,7 @@ def _sample(model, cfg, mesh, prompts, task, impl):
   return out, kernel
 
 
-def _batch(cfg, rollout, prompts):
+def scored_batch(cfg, rollout, prompts):
   """The trainer's MiniBatch of the rollout (packed), with fixed random advantages (a random
   policy earns none, and a zero advantage would make every loss 0)."""
   n, g = rollout.lengths.shape
@@ -114,13 +114,13 @@ def run(cfg, num_prompts: int, devices=None) -> dict:
   devices = jax.devices()[:4] if devices is None else devices
   (pod_model, f32_model, ref_model), (mesh, one) = _models(pod, f32, ref, task, devices)
   sampler_mesh = placement.build_sampler_mesh(cfg, devices)
-  prompts = _prompts(cfg, task, num_prompts)
+  prompts = prompts_of(cfg, task, num_prompts)
   executed = []
   with pltpu.force_tpu_interpret_mode():
     rollout, kernel = _sample(pod_model, cfg, sampler_mesh, prompts, task, "tpu_kernel")
     if kernel == "tpu":
       executed.append("paged_attention")
-    batch = _batch(cfg, rollout, prompts)
+    batch = scored_batch(cfg, rollout, prompts)
     if attention.resolve(pod.model.attention_impl, mesh) == "splash":
       executed.append("splash_attention")
     pod_terms = _update_terms(pod, pod_model, batch, mesh)

@@ -166,7 +166,7 @@ def _finish(run: Run, batch, prep: Prepared, step_metrics, tokens, summary, time
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
   return metrics_lib.rollout_metrics(batch, prep, step_metrics, summary, timer,
-                                     version=run.step)
+                                     version=run.step, is_cap=run.cfg.algo.is_cap)
 
 
 def _meta(run: Run) -> dict:
