@@ -159,6 +159,19 @@ def test_pallas_kernels_parses_tpu_custom_calls():
   assert report.pallas_kernels("%x = f32[] custom-call(), custom_call_target=\"Sharding\"") == []
 
 
+def test_negative_cost_model_seconds_are_not_a_time():
+  class Compiled:
+    def __init__(self, secs):
+      self.secs = secs
+
+    def cost_analysis(self):
+      return [{"flops": 2e9, "bytes accessed": 1e9, "optimal_seconds": self.secs}]
+
+  assert report._cost(Compiled(0.05))["cost_seconds"] == 0.05
+  assert report._cost(Compiled(-1.98)) == {"flops": 2e9, "bytes_accessed": 1e9,
+                                            "cost_seconds": None}
+
+
 @needs_libtpu
 @pytest.mark.parametrize("args,msg", [
     (["--topology=v9-8"], "unknown TPU slice"),

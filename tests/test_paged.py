@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import paged_attention as tpu_paged
 
 from dapo_jax import sharding
 from dapo_jax.models import paged
@@ -111,6 +112,25 @@ def test_kernel_matches_reference(cpu_devices, layers, axes):
   # The kernel's matmuls run at TPU default precision (bf16 passes) in interpret mode too.
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-2, rtol=0)
   assert float(jnp.abs(got - ref).max()) < 2e-2 < float(jnp.abs(got).max())
+
+
+def test_kernel_rows_split_to_fit_scalar_memory(cpu_devices, monkeypatch):
+  """A page table past the TPU's scalar memory runs in several kernel calls, same values."""
+  assert paged.tpu_row_calls(256, 1408) == (2, 128)  # 30B-A3B on v5p-64: 1.4 MB in one call
+  assert paged.tpu_row_calls(128, 1408) == (1, 128)  # the 32B on v5p-128: 0.7 MB, one call
+  monkeypatch.setattr(paged, "TPU_TABLE_SMEM_BYTES", 2 * 4 * 4)  # 2 rows of 4 pages a call
+  assert paged.tpu_row_calls(4, 4) == (2, 2) and paged.tpu_row_calls(3, 4) == (2, 2)
+  mesh = sharding.make_mesh({"data": 1}, cpu_devices[:1])
+  spec = paged.PagedSpec(page_size=8, max_len=32, kernel="tpu", mesh=mesh, pages_per_block=2)
+  q, kp, vp, table, pos = _random_pool(0)
+  ref = paged.attend_reference(q, kp, vp, table, pos, None, spec)
+  calls, kernel = [], tpu_paged.paged_attention
+  monkeypatch.setattr(tpu_paged, "paged_attention",
+                      lambda q, *a, **kw: calls.append(q.shape[0]) or kernel(q, *a, **kw))
+  with pltpu.force_tpu_interpret_mode():
+    got = paged.attend_kernel(q, kp, vp, table, pos, None, spec)
+  assert calls == [2, 2]  # the 4 rows in two calls
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-2, rtol=0)
 
 
 def test_budget_sizes_pages():

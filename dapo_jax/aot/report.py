@@ -16,8 +16,15 @@ _UNITS = {"K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
 def _cost(compiled) -> dict:
   ca = compiled.cost_analysis()
   ca = ca[0] if isinstance(ca, (list, tuple)) else (ca or {})
+  secs = float(ca.get("optimal_seconds", 0.0))
+  # XLA's cost model gives some functions with Pallas kernels a negative optimal_seconds
+  # (-1.98 for Qwen3-30B-A3B's log-prob pass on v5p-64): not a time, so None.
   return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0)),
-          "cost_seconds": float(ca.get("optimal_seconds", 0.0))}
+          "cost_seconds": secs if secs >= 0 else None}
+
+
+def _secs(x) -> str:
+  return f"{'n/a':>9}" if x is None else f"{x:9.4f}"
 
 
 def pallas_kernels(hlo_text: str) -> list:
@@ -100,7 +107,7 @@ def table(rows: list, summary: dict, buffers: dict) -> str:
     lines.append(f"{r['name']:<24}{_g(r['argument_bytes'])} {_g(r['temp_bytes'])} "
                  f"{_g(r['output_bytes'])} {_g(r['code_bytes'])} {_g(r['peak_bytes'])} "
                  f"{_g(r['step_peak_bytes'])}{r['flops'] / 1e9:10.1f}"
-                 f"{r['bytes_accessed'] / 1e9:9.2f}{r['cost_seconds']:9.4f}"
+                 f"{r['bytes_accessed'] / 1e9:9.2f}{_secs(r['cost_seconds'])}"
                  f"{r['compile_s']:7.1f}s{flag}")
   used = [f"{r['name']}: {', '.join(r['kernels'])}" for r in rows if r.get("kernels")]
   lines.append("Pallas kernels: " + ("; ".join(used) or "none"))

@@ -140,10 +140,29 @@ def _kernel_specs(spec: PagedSpec, num_heads: int, num_kv: int, stacked: bool):
   return batch, heads, pool
 
 
+# The TPU kernel prefetches its call's whole page table [rows, pages per row] (int32) into the
+# core's scalar memory, 1 MiB on v5p: Qwen3-30B-A3B's decode on v5p-64 (256 rows a chip x 1,408
+# pages = 1.4 MB) failed to compile on it. A shard's rows go through the kernel in as few calls
+# as keep each call's table within this bound (the rest of SMEM: lengths and the kernel's own).
+TPU_TABLE_SMEM_BYTES = 768 * 1024
+
+
+def tpu_row_calls(rows: int, pages_per_row: int) -> tuple[int, int]:
+  """(kernel calls, rows per call) for a shard's `rows` so that each call's page table fits
+  TPU_TABLE_SMEM_BYTES (one call when it all does)."""
+  most = max(1, TPU_TABLE_SMEM_BYTES // (4 * pages_per_row))
+  calls = -(-rows // most)
+  return calls, -(-rows // calls)
+
+
 def _tpu_kernel(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP, spec):
   from jax.experimental.pallas.ops.tpu import paged_attention as pa  # pylint: disable=import-outside-toplevel
-  return pa.paged_attention(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP,
-                            pages_per_compute_block=spec.pages_per_block)
+  _, per_call = tpu_row_calls(*table_BxP.shape)
+  outs = [pa.paged_attention(q_BxHxK[i:i + per_call], k_pages, v_pages, lengths_B[i:i + per_call],
+                             table_BxP[i:i + per_call],
+                             pages_per_compute_block=spec.pages_per_block)
+          for i in range(0, q_BxHxK.shape[0], per_call)]
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
 
 
 def _gpu_kernel(q_BxHxK, k_pages, v_pages, lengths_B, table_BxP, spec):
