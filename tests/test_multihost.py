@@ -26,6 +26,9 @@ OVERRIDES = {
     "optim.lr": 3e-2, "optim.warmup_steps": 0,
 }
 VOLATILE = ("time_", "tokens_per_s")
+# The sampler-vs-trainer |dlogp| percentiles measure float32 round-off itself (both sides are
+# float32 here: ~1e-5 nats), so another reduction order moves them by as much as their value.
+ROUNDOFF, ROUNDOFF_ABS = ("mismatch_abs_",), 5e-4
 
 
 def _records(workdir):
@@ -74,7 +77,8 @@ def test_two_processes_equal_one(tmp_path):
     for k in a:
       if isinstance(a[k], float):
         # Cross-process reductions add in another order: equal to float32 round-off.
-        assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
+        tol = ROUNDOFF_ABS if k.startswith(ROUNDOFF) else 1e-6
+        assert b[k] == pytest.approx(a[k], rel=1e-4, abs=tol), (a["step"], k)
       else:
         assert a[k] == b[k], (a["step"], k)
 
