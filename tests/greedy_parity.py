@@ -1,8 +1,19 @@
-"""Greedy-decoding checks shared by the parity tests: our batched prefill + decode against
-transformers' generate, and a sampler's groups against a per-prompt greedy reference."""
+"""What the parity tests share: their right-padded batch, greedy decoding by our batched prefill
++ decode against transformers' generate, and a sampler's groups against a per-prompt greedy
+reference."""
 import jax.numpy as jnp
 import numpy as np
 import torch
+
+
+def padded_batch(vocab: int):
+  """(tokens [3, 12], mask) with rows of 12, 8 and 5 valid tokens, right-padded."""
+  rng = np.random.RandomState(0)
+  toks = rng.randint(0, vocab, (3, 12))
+  mask = np.ones((3, 12), np.int64)
+  mask[1, 8:] = 0
+  mask[2, 5:] = 0
+  return toks, mask
 
 
 def greedy_tokens(prefill, decode, model, toks, lengths, steps: int) -> np.ndarray:

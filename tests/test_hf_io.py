@@ -62,15 +62,6 @@ def checkpoints(tmp_path_factory):
   return out
 
 
-def _batch():
-  rng = np.random.RandomState(0)
-  toks = rng.randint(0, VOCAB, (3, 12))
-  mask = np.ones((3, 12), np.int64)
-  mask[1, 8:] = 0
-  mask[2, 5:] = 0
-  return toks, mask
-
-
 def _hf_logits(hf_model, toks, mask):
   with torch.no_grad():
     return hf_model(input_ids=torch.tensor(toks),
@@ -88,7 +79,7 @@ def test_logits_and_greedy_decode_match_transformers(checkpoints, family):
   assert (path / hf_io.INDEX_FILE).is_file()  # sharded checkpoint with an index
   model, cfg = hf_io.load_pretrained(path)
   assert cfg.architecture == family
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   ours = np.asarray(_forward(model, jnp.asarray(toks), jnp.asarray(mask)))
   diff = np.abs(ours - _hf_logits(hf_model, toks, mask))[mask.astype(bool)]
   assert diff.max() <= 1e-4, diff.max()
@@ -111,7 +102,7 @@ def test_export_round_trip(checkpoints, family, tmp_path):
   assert (out / hf_io.INDEX_FILE).is_file() and (out / "tokenizer.json").is_file()
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
   assert type(reloaded).__name__ == FAMILIES[family][1]
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   np.testing.assert_array_equal(_hf_logits(reloaded, toks, mask),
                                 _hf_logits(hf_model, toks, mask))
   tok = transformers.AutoTokenizer.from_pretrained(out)
@@ -136,7 +127,7 @@ def test_bfloat16_load_and_export(checkpoints, tmp_path):
   path, hf_model = checkpoints["qwen2"]
   model, cfg = hf_io.load_pretrained(path, dtype="bfloat16")
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(model)))
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   ours = np.asarray(_forward(model, jnp.asarray(toks), jnp.asarray(mask)))
   ref = _hf_logits(hf_model, toks, mask)
   assert np.abs(ours - ref)[mask.astype(bool)].max() < 0.25

@@ -52,15 +52,6 @@ def checkpoints(tmp_path_factory):
   return {v: (p, _build(v, p)) for v in VARIANTS for p in [tmp_path_factory.mktemp(v)]}
 
 
-def _batch():
-  rng = np.random.RandomState(0)
-  toks = rng.randint(0, VOCAB, (3, 12))
-  mask = np.ones((3, 12), np.int64)
-  mask[1, 8:] = 0
-  mask[2, 5:] = 0
-  return toks, mask
-
-
 def _hf(model, toks, mask):
   with torch.no_grad():
     return model(input_ids=torch.tensor(toks), attention_mask=torch.tensor(mask),
@@ -72,7 +63,7 @@ _routing = nnx.jit(lambda m, t, k: m.hidden_routed(t, k)[1])
 
 
 def _logit_diff(model, hf_model):
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   ours = np.asarray(_forward(model, jnp.asarray(toks), jnp.asarray(mask)))
   return np.abs(ours - _hf(hf_model, toks, mask).logits.numpy())[mask.astype(bool)].max()
 
@@ -93,7 +84,7 @@ def test_logits_and_load_balancing_loss_match_transformers(checkpoints, variant,
   assert cfg.architecture == "qwen3_moe" and cfg.num_experts == 6
   assert cfg.moe_layers == ((0, 2) if variant == "mixed" else (0, 1))
   assert _logit_diff(model, hf_model) <= 1e-4
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   routing = _routing(model, jnp.asarray(toks), jnp.asarray(mask))
   want = float(_hf(hf_model, toks, mask).aux_loss)
   assert abs(float(routing.load_balancing_loss()) - want) <= 1e-5 * max(1.0, want)
@@ -110,7 +101,7 @@ _decode = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
 def test_greedy_decode_matches_transformers(checkpoints):
   path, hf_model = checkpoints["mixed"]
   model, _ = hf_io.load_pretrained(path)
-  toks, mask = _batch()
+  toks, mask = greedy_parity.padded_batch(VOCAB)
   lengths = mask.sum(1)
   ours = greedy_parity.greedy_tokens(_prefill, _decode, model, toks * mask, lengths, 20)
   greedy_parity.assert_equals_hf_generate(hf_model, toks, lengths, ours)
