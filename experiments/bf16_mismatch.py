@@ -28,19 +28,20 @@ import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 sys.path.insert(0, REPO)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import bench_common  # noqa: E402  pylint: disable=wrong-import-position
 import rehearse_kernels  # noqa: E402  pylint: disable=wrong-import-position
 from configs import smollm2_cpu  # noqa: E402
 from dapo_jax import config as config_lib, metrics, sharding  # noqa: E402
@@ -140,8 +141,7 @@ def run(args) -> dict:
           "task": cfg32.task.name, "prompts": args.prompts, "group_size": args.group_size,
           "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
           "is_cap": args.is_cap, "seed": args.seed, "pairs": out,
-          "host": f"{platform.node()} {platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores",
+          "host": bench_common.host(),
           "date": datetime.date.today().isoformat(),
           "wall_s": round(time.perf_counter() - t0, 1)}
 
