@@ -70,18 +70,49 @@ def truncate_logits(scaled_BxV, *, top_p, top_k):
   distribution. A token is in the nucleus when the probability mass of the tokens strictly more
   likely than it is below top_p, so the most likely token is always kept. Ties at a threshold
   are all kept. top_p / top_k may be traced scalars.
+
+  Both cuts are thresholds on the logit, found by bisection over the logits' float order
+  (`_smallest_key`, 32 masked passes over the vocabulary) instead of a sort: a sort of a
+  49,152-token row costs ~16 ms on XLA:CPU, ~100x the masked passes. A cut that is not asked
+  for (top_k = 0, top_p = 1) costs nothing.
   """
-  v = scaled_BxV.shape[-1]
-  sorted_BxV = -jnp.sort(-scaled_BxV, axis=-1)  # descending
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v).astype(jnp.int32)
-  rank_1xV = jnp.arange(v, dtype=jnp.int32)[None, :]
-  sorted_BxV = jnp.where(rank_1xV < k, sorted_BxV, -jnp.inf)
-  probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
-  mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
-  n_keep_B = jnp.maximum(jnp.sum(mass_before_BxV < top_p, axis=-1), 1)
-  n_keep_B = jnp.minimum(n_keep_B, k)
-  thr_Bx1 = jnp.take_along_axis(sorted_BxV, (n_keep_B - 1)[:, None], axis=-1)
-  return jnp.where(scaled_BxV >= thr_Bx1, scaled_BxV, -jnp.inf)
+  key_BxV = _order_keys(scaled_BxV)
+  lo_B = jnp.min(key_BxV, axis=-1) - 1  # below every key (the smallest key is -inf's, > 0)
+  hi_B = jnp.max(key_BxV, axis=-1)
+  k = jnp.minimum(top_k, scaled_BxV.shape[-1]).astype(jnp.int32)
+  # The k-th largest logit: the smallest x with fewer than k logits above it.
+  kth_B = jax.lax.cond(
+      top_k > 0,
+      lambda: _smallest_key(lambda x_B: jnp.sum(key_BxV > x_B[:, None], axis=-1) < k,
+                            lo_B, hi_B),
+      lambda: lo_B + 1)
+  in_top_k = key_BxV >= kth_B[:, None]
+  probs_BxV = jax.nn.softmax(jnp.where(in_top_k, scaled_BxV, -jnp.inf), axis=-1)
+  # The nucleus' least likely logit: the smallest x with less than top_p mass above it.
+  mass_above = lambda x_B: jnp.sum(jnp.where(key_BxV > x_B[:, None], probs_BxV, 0.0), axis=-1)
+  thr_B = jax.lax.cond(
+      top_p < 1.0,
+      lambda: jnp.maximum(_smallest_key(lambda x_B: mass_above(x_B) < top_p, lo_B, hi_B),
+                          kth_B),
+      lambda: kth_B)
+  return jnp.where(key_BxV >= thr_B[:, None], scaled_BxV, -jnp.inf)
+
+
+def _order_keys(x):
+  """float32 -> uint32 keys in the floats' order (-inf lowest, +inf highest; -0 = +0)."""
+  bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, 0.0, x).astype(jnp.float32), jnp.uint32)
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _smallest_key(pred, lo_B, hi_B):
+  """Per row, the smallest key x in (lo, hi] with pred(x), for pred monotone in x (false, then
+  true) and true at hi: 32 halvings of the uint32 interval."""
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    ok = pred(mid)
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+  return jax.lax.fori_loop(0, 32, halve, (lo_B, hi_B))[1]
 
 
 def sample_tokens(logits_BxV, keys_B, *, temperature, top_p, top_k):
