@@ -11,9 +11,9 @@ checkpoint every step, and the pod's mesh axes (fsdp x tensor) over 2 processes 
 COMMAND (the rehearsal: this loop on 2 processes, a resume, and the TPU kernels in interpret
 mode against the reference path):
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
-EXPECTED: on 2026-12-03 on this 2-core machine, idle, the whole rehearsal took 16 min 48 s
-  (loop steps of 97, 77 and 73 s; under a load average of 16-23 it took 48 min; figures:
-  docs/scale.md). A random policy earns no reward, so advantages are 0
+EXPECTED: on 2026-12-03 on this 2-core machine, idle, the whole rehearsal took 13 min 26 s
+  (loop steps of 92, 78 and 74 s; under a load average of 16-23 an older build took 48 min;
+  figures: docs/scale.md). A random policy earns no reward, so advantages are 0
   and the updates leave the policy as it was, bar weight decay; what is checked is the code
   path (mesh, pages, packing, IS weights, save/resume) and the numbers the kernels compute.
 

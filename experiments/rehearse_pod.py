@@ -3,8 +3,10 @@
 COMMAND:
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
 EXPECTED: exit 0 when every check below holds. On 2026-12-03 on this 2-core machine, idle:
-  16 min 48 s (loop and resume 11 min 4 s, kernels 5 min 34 s; 15 min was aimed at); under a
-  load average of 16-23 the same took 48 min. --reuse keeps the stages a failed try finished.
+  13 min 26 s (loop and resume 8 min 0 s, kernels 5 min 14 s); before the sampler's top-p cut
+  stopped sorting the vocabulary (each eval at top-p 0.7 took ~70 s of it) 16 min 48 s; under a
+  load average of 16-23 the older code took 48 min. --reuse keeps the stages a failed try
+  finished.
 
 Three stages, each in processes of its own:
 1. loop: `python -m dapo_jax.main --config=configs/pod_rehearsal_cpu.py` on 2 processes x 4 CPU

@@ -126,7 +126,7 @@ def sample_tokens(logits_BxV, keys_B, *, temperature, top_p, top_k):
   greedy = temperature <= 0
   scaled_BxV = logits_BxV / jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
   needs_truncation = (top_p < 1.0) | (top_k > 0)
-  # The sort is only paid for when a truncation is asked for.
+  # The threshold searches run only when a truncation is asked for.
   masked_BxV = jax.lax.cond(
       needs_truncation,
       lambda x: truncate_logits(x, top_p=top_p, top_k=top_k),
