@@ -109,7 +109,7 @@ def _validate_rollout(r: "RolloutCfg"):
   _require(r.num_slots >= r.group_size, "rollout.num_slots",
            f"{r.num_slots} slots cannot hold one group of G={r.group_size}")
   _require(r.kv_cache_gib >= 0, "rollout.kv_cache_gib", "must be >= 0 GiB (0 = num_slots)")
-  _positive("rollout", r, "page_size")
+  _positive("rollout", r, "page_size", "steps_per_call")
 
 
 PLACEMENTS = ("colocated", "split")

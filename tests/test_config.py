@@ -56,6 +56,7 @@ def test_lock_rejects_typo():
     ("mesh.data", 0, "mesh.data"), ("train.micro_batch_size", 7, "micro_batch_size"),
     ("algo.kl_kind", "k9", "kl_kind"), ("rollout.temperature", 0.0, "temperature"),
     ("algo.gen_batch_size", 0, "gen_batch_size"), ("model.source", "hub", "model.source"),
+    ("rollout.steps_per_call", 0, "rollout.steps_per_call"),
 ])
 def test_invalid_values_name_the_field(path, value, msg):
   c = _tiny()

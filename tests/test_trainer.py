@@ -12,6 +12,7 @@ from flax import nnx
 from configs import tiny_cpu
 from dapo_jax import config as config_lib
 from dapo_jax import rewards
+from dapo_jax.rollout.sampler import GroupSampler
 from dapo_jax.train import dynamic_sampling, trainer
 
 TIME_KEYS = ("time_", "tokens_per_s", "wall")
@@ -80,8 +81,10 @@ def test_loop_runs_and_logs_every_metric(tmp_path):
               "response_length_p90", "truncated_frac", "entropy", "mean_token_prob",
               "frac_groups_acc_1", "frac_groups_acc_0", "gen_rounds", "prompts_sampled",
               "accepted_frac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual",
-              "upclip_prob_mean", "approx_kl", "grad_norm", "lr", "tokens_generated"):
+              "upclip_prob_mean", "approx_kl", "grad_norm", "lr", "tokens_generated",
+              "sampler_preemptions", "sampler_pool_peak_frac"):
     assert key in recs[0], key
+  assert recs[0]["sampler_preemptions"] == 0  # the default pool: every slot at full length
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     raw = [json.loads(line) for line in f]
   assert all(k in raw[1] for k in ("time_rollout_s", "time_prepare_s", "time_update_s",
@@ -101,6 +104,32 @@ def test_resume_is_bitwise_identical(tmp_path):
   assert _records(tmp_path / "full") == _records(tmp_path / "split")
   for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_step_metrics_count_the_sampler_preemptions(tmp_path, monkeypatch):
+  """A pool of 21 pages of 4 tokens per batch shard (one 80-token sequence is 20, plus the null
+  page) under 2 rows of a 68-token prompt growing 2 tokens a call: rows are preempted, and each
+  step logs the sum of its generation rounds' preemptions and their fullest shard (evals,
+  G = eval.num_samples = 2, are not counted)."""
+  rounds = []
+  sample = GroupSampler.sample_groups
+
+  def spy(self, *args, **kw):
+    out = sample(self, *args, **kw)
+    if kw["group_size"] == 4:  # a training round, not an eval
+      rounds.append((out.stats["preemptions"], out.stats["pool_peak_frac"]))
+    return out
+  monkeypatch.setattr(GroupSampler, "sample_groups", spy)
+  per_page = 2 * 1 * 4 * 1 * 16 * 4  # K and V x layers x tokens x KV heads x head_dim x f32
+  _run(tiny_config(**{"rollout.page_size": 4, "rollout.steps_per_call": 2,
+                      "rollout.kv_cache_gib": 21 * per_page / 2**30}), tmp_path)
+  recs = _records(tmp_path)
+  it = iter(rounds)
+  for r in recs:
+    step = [next(it) for _ in range(int(r["gen_rounds"]))]
+    assert r["sampler_preemptions"] == sum(p for p, _ in step) > 0
+    assert r["sampler_pool_peak_frac"] == max(f for _, f in step) == 1.0  # a shard ran full
+  assert next(it, None) is None
 
 
 def test_uniform_groups_stop_with_dynamic_sampling_error(tmp_path):

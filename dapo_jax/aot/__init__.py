@@ -14,13 +14,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu must not probe for attac
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-def check(cfg, topology_name: str, *, steps_per_call: int = 16, only=()) -> dict:
+def check(cfg, topology_name: str, *, only=()) -> dict:
   """The report of `cfg` (a parsed Config) on a slice, as a JSON-able dict; `only` names a
   subset of the functions to compile (the verdict then covers that subset)."""
   from dapo_jax.aot import functions, report, topology  # pylint: disable=import-outside-toplevel
   sl = topology.parse(topology_name)
   devices = topology.devices(sl)
-  plan = functions.build_plan(cfg, devices, hosts=sl.hosts, steps_per_call=steps_per_call)
+  plan = functions.build_plan(cfg, devices, hosts=sl.hosts)
   names = [job.name for job in plan.jobs]
   unknown = sorted(set(only) - set(names))
   if unknown:

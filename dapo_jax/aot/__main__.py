@@ -12,7 +12,6 @@ from ml_collections import config_flags  # noqa: E402
 
 flags.DEFINE_string("topology", None, "TPU slice, e.g. v5p-128, v5e-256, v6e-64, v4-128.")
 flags.DEFINE_string("json", None, "Write the report here as JSON.")
-flags.DEFINE_integer("steps_per_call", 16, "Decode steps per generate call (the sampler's).")
 flags.DEFINE_list("functions", [], "Compile only these (e.g. train_step,old_logprobs); "
                   "default all. The verdict then covers only them.")
 config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
@@ -25,8 +24,7 @@ def main(argv):
   from dapo_jax import aot, config as config_lib  # pylint: disable=import-outside-toplevel
   try:
     cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
-    out = aot.check(cfg, FLAGS.topology, steps_per_call=FLAGS.steps_per_call,
-                    only=FLAGS.functions)
+    out = aot.check(cfg, FLAGS.topology, only=FLAGS.functions)
   except ValueError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2

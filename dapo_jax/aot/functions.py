@@ -132,8 +132,7 @@ def _sampler_slots(cfg: Config, mcfg, smesh, hosts: int) -> int:
       max_len=cfg.seq_len, mesh_shape=smesh.shape, paged=r.paged_kv, hosts=hosts)
 
 
-def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
-                 hosts: int = 1) -> tuple[list, dict, int, dict]:
+def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, int, dict]:
   """prefill / insert / generate chunk on one sampler replica's mesh, as engine.py jits them."""
   rollout = cfg.rollout
   slots = _sampler_slots(cfg, mcfg, smesh, hosts)
@@ -157,7 +156,7 @@ def sampler_jobs(cfg: Config, mcfg, smesh, steps_per_call: int,
   insert_fn, write_args, chunk_args = _insert_and_table(cfg, pg, smesh, slots, np_batch, host)
   ids = [host((slots,), jnp.int32)] * 5 + write_args
   insert = jax.jit(insert_fn, donate_argnums=(1,), out_shardings=state_sh)
-  chunk = jax.jit(functools.partial(device_fns.generate_chunk, g, max_steps=steps_per_call,
+  chunk = jax.jit(functools.partial(device_fns.generate_chunk, g, max_steps=rollout.steps_per_call,
                                     per_layer=device_fns.per_layer_decode(smesh), paged=pg,
                                     record_experts=record),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
@@ -194,7 +193,7 @@ def host_devices(devices, hosts: int) -> list:
   return first if len(first) == per_host else list(devices[:per_host])
 
 
-def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) -> Plan:
+def build_plan(cfg: Config, devices, *, hosts: int) -> Plan:
   """All jobs of a rollout step for `devices` (one TPU slice of `hosts` hosts)."""
   mcfg, source = shapes.model_config(cfg)
   placed = placement.place(cfg, devices)
@@ -203,7 +202,7 @@ def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) ->
   gmesh = placement.build_sampler_mesh(cfg, list(placed.sampler))
   smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
-  sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, steps_per_call, hosts)
+  sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, hosts)
   jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None)]
   if placed.split:  # each role's chips hold only its own buffers
     for job in jobs:
@@ -214,5 +213,5 @@ def build_plan(cfg: Config, devices, *, hosts: int, steps_per_call: int = 16) ->
               sampler_mesh_per_host=dict(smesh.shape), sampler_mesh_global=dict(gmesh.shape),
               sampler_slots_per_host=slots, sampler_slots_global=slots * hosts,
               logprob_rows=_rows(cfg), minibatch_rows=cfg.minibatch_seqs,
-              seq_len=cfg.seq_len, steps_per_call=steps_per_call, **sinfo)
+              seq_len=cfg.seq_len, steps_per_call=cfg.rollout.steps_per_call, **sinfo)
   return Plan(jobs=jobs, buffers={**tbuf, **sbuf}, info=info)

@@ -91,4 +91,5 @@ def build_sampler(cfg, model, mcfg, mesh):
   return make_sampler(model, num_slots=slots, max_prompt_len=cfg.task.max_prompt_len,
                       max_len=cfg.seq_len, mesh=mesh, paged_kv=rollout.paged_kv,
                       page_size=rollout.page_size, num_pages=pages,
+                      steps_per_call=rollout.steps_per_call,
                       record_experts=cfg.model.routing_replay)

@@ -34,7 +34,8 @@ class PagePool:
     self.own = [[] for _ in range(slots)]     # pages the row alone holds (freed at its end)
     self.prompt_of = [None] * slots
     self.shared = {}                          # (shard, prompt) -> [full prompt pages, rows]
-    self.in_use_peak = 0
+    self.in_use_peak = 0                      # pages held at once, all shards
+    self.shard_peak = 0                       # pages held at once by the fullest shard
 
   def _null(self, rows):
     return (rows // self.rows_per_shard) * self.n_local
@@ -44,6 +45,15 @@ class PagePool:
 
   def in_use(self) -> int:
     return sum(self.n_local - 1 - len(f) for f in self.free)
+
+  def peak_frac(self) -> float:
+    """The most of one shard's pages (its null page aside) held at once: 1.0 = a shard ran
+    out at some point."""
+    return self.shard_peak / (self.n_local - 1)
+
+  def _note_peaks(self, shard: int) -> None:
+    self.in_use_peak = max(self.in_use_peak, self.in_use())
+    self.shard_peak = max(self.shard_peak, self.n_local - 1 - len(self.free[shard]))
 
   def admit(self, row: int, prompt: int, prompt_len: int):
     """Gives `row` its prompt's pages; returns the page writes [(prompt page, pool page)] the
@@ -68,7 +78,7 @@ class PagePool:
       self.table[row, full] = page
       self.held[row] = full + 1
       writes.append((full, page))
-    self.in_use_peak = max(self.in_use_peak, self.in_use())
+    self._note_peaks(self.shard(row))
     return writes
 
   def grow(self, row: int, last_position: int) -> bool:
@@ -81,7 +91,7 @@ class PagePool:
       self.own[row].append(page)
       self.table[row, self.held[row]] = page
       self.held[row] += 1
-    self.in_use_peak = max(self.in_use_peak, self.in_use())
+    self._note_peaks(self.shard(row))
     return True
 
   def release(self, row: int) -> None:

@@ -51,6 +51,27 @@ class GroupRollout:
   prompt_expert_ids: np.ndarray | None = None
 
 
+@dataclasses.dataclass
+class PagingTally:
+  """The paged KV cache's pressure over one rollout step's generation rounds, all hosts:
+  samples preempted (stopped for lack of pages, re-run from their start) and the most of one
+  batch shard's pages held at once (1.0: a shard's pool ran full; 0 for the dense cache).
+  Evaluations are not counted. Both are the same on any host count."""
+  preemptions: int = 0
+  pool_peak_frac: float = 0.0
+
+  def add(self, per_host_Nx2: np.ndarray) -> None:
+    """One round's [hosts, 2] (preemptions, pool_peak_frac) (train.multihost.per_process)."""
+    self.preemptions += int(per_host_Nx2[:, 0].sum())
+    self.pool_peak_frac = max(self.pool_peak_frac, float(per_host_Nx2[:, 1].max()))
+
+  def take(self) -> dict:
+    """The step's metrics `sampler_preemptions` and `sampler_pool_peak_frac`; starts over."""
+    out = {"sampler_preemptions": self.preemptions, "sampler_pool_peak_frac": self.pool_peak_frac}
+    self.preemptions, self.pool_peak_frac = 0, 0.0
+    return out
+
+
 def _int_arg(value, name: str, lo: int, hi: int | None = None) -> int:
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (
       hi is not None and value > hi):
@@ -124,7 +145,8 @@ class GroupSampler:
     prefill_tokens_saved and prefill_flops_saved (what prefilling every sample separately would
     have added), generated_tokens, wall_time_s, tokens_per_s, preemptions (paged: samples
     stopped for lack of pages and re-run from their start; counted in inserts too) and
-    pages_peak (paged: most pool pages held at once; 0 for the dense cache).
+    pages_peak (paged: most pool pages held at once; 0 for the dense cache) and pool_peak_frac
+    (paged: the most of one batch shard's pages held at once; 0 for the dense cache).
     """
     eng, t0 = self.engine, time.perf_counter()
     g, t_max, offset = self._check_counts(group_size, max_new_tokens, prompt_offset)
@@ -260,7 +282,8 @@ def _stats(cfg, run: "_SampleCall", prompt_lens, *, slots, wall) -> dict:
       prefill_tokens_saved=sum(prompt_lens) * (g - 1),
       prefill_flops_saved=(g - 1) * sum(flops.prefill_flops(cfg, x) for x in prompt_lens),
       generated_tokens=gen, wall_time_s=wall, tokens_per_s=gen / wall,
-      preemptions=run.preemptions, pages_peak=run.pool.in_use_peak if run.pool else 0)
+      preemptions=run.preemptions, pages_peak=run.pool.in_use_peak if run.pool else 0,
+      pool_peak_frac=run.pool.peak_frac() if run.pool else 0.0)
 
 
 @dataclasses.dataclass

@@ -35,6 +35,14 @@ def to_host(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def per_process(values) -> np.ndarray:
+  """float64 [processes, k]: every host's `values` (k numbers), in process order."""
+  local = np.asarray(values, np.float64)[None]
+  if not is_multi():
+    return local
+  return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+
 def _encode_answers(answers) -> np.ndarray:
   out = np.zeros((len(answers), _MAX_ANSWER_BYTES), np.uint8)
   for i, a in enumerate(answers):

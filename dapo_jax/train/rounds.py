@@ -49,6 +49,8 @@ def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | 
       seed=seed_for(cfg.seed, 1, step, round_index), eos_ids=run.task.eos_ids,
       prompt_offset=pidx * local,  # global prompt index: same samples on any host count
       between_chunks=between_chunks)
+  run.paging.add(multihost.per_process([samples.stats["preemptions"],
+                                        samples.stats["pool_peak_frac"]]))
   scored = groups_lib.score_rollout(
       samples, batch.prompt_ids, batch.answers, decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(cfg.task.reward), overlong_penalty=algo.overlong_penalty,
@@ -68,10 +70,11 @@ def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int,
   """The kept batch's metrics beyond dynamic sampling's, counted on this process since the
   batch's first round: verifier errors (responses whose parsing raised; scored -1) above
   `errors_before`, prompts cut to task.max_prompt_len above `truncated_before`; the overlong
-  ramp's L_cache, reflection phrases, the pre-filter's records."""
+  ramp's L_cache, the paged KV cache's preemptions and fullest shard (all hosts; reset here),
+  reflection phrases, the pre-filter's records."""
   out = {"verifier_errors": rewards.verifier_errors() - errors_before,
          "prompts_truncated": run.data.num_truncated - truncated_before,
-         "overlong_cache_len": overlong_cache_len(run)}
+         "overlong_cache_len": overlong_cache_len(run)} | run.paging.take()
   out.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))

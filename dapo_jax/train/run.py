@@ -14,7 +14,7 @@ from dapo_jax.config import Config
 from dapo_jax.data.pipeline import PromptIterator
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.rollout import budget
-from dapo_jax.rollout.sampler import GroupSampler
+from dapo_jax.rollout.sampler import GroupSampler, PagingTally
 from dapo_jax.train import checkpoint_dirs, placement, setup, sft
 from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
@@ -45,6 +45,7 @@ class Run:
   length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
   prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
   pipeline: "Pipeline | None" = None  # the sampler's side when rollout.max_staleness >= 1
+  paging: PagingTally = dataclasses.field(default_factory=PagingTally)  # this step's rounds
 
 
 def _build_sampler(cfg: Config, model, mcfg, placed: placement.Placement) -> GroupSampler:
