@@ -11,9 +11,8 @@ checkpoint every step, and the pod's mesh axes (fsdp x tensor) over 2 processes 
 COMMAND (the rehearsal: this loop on 2 processes, a resume, and the TPU kernels in interpret
 mode against the reference path):
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
-EXPECTED: on 2026-12-03 on this 2-core machine, idle, the whole rehearsal took 13 min 26 s
-  (loop steps of 92, 78 and 74 s; under a load average of 16-23 an older build took 48 min;
-  figures: docs/scale.md). A random policy earns no reward, so advantages are 0
+EXPECTED: on 2026-12-04 on a 2-core Intel Xeon host, idle, the whole rehearsal took 9 min 29 s
+  (loop steps of 67, 53 and 52 s, 24 samples preempted in each; figures: docs/scale.md). A random policy earns no reward, so advantages are 0
   and the updates leave the policy as it was, bar weight decay; what is checked is the code
   path (mesh, pages, packing, IS weights, save/resume) and the numbers the kernels compute.
 
@@ -39,14 +38,17 @@ def get_config(arg=None):
   c.model.tie_word_embeddings = False
   c.model.logits_chunk = 256            # tokens per log-prob chunk
   c.task.tokenizer = opts["tokenizer"]  # SmolLM2's tokenizer: ChatML template, as Qwen's
-  c.task.max_prompt_len = 64            # tokens, left-truncated (counted; the chat template's
-                                        # closing and assistant markers are kept)
+  c.task.max_prompt_len = 56            # tokens, left-truncated (counted; the chat template's
+                                        # closing and assistant markers are kept): 3 pages and
+                                        # a partial one, so a response grows into a 2nd own page
   c.rollout.group_size = 4              # G (a mini-batch of 1 prompt x 4 splits over fsdp 4)
   c.rollout.max_new_tokens = 16         # tokens (L_max)
   c.rollout.num_slots = 32              # concurrent sequences, all hosts
   c.rollout.kv_cache_gib = 0.0003       # GiB per chip: 19 pages of 16 tokens per batch shard,
-                                        # fewer than its 8 rows x 5 pages: rows wait for
-                                        # pages, or are preempted when a shard runs out
+                                        # fewer than its 2 prompts' 3 shared pages + 8 rows x 2:
+                                        # rows wait for pages, or are preempted when a shard
+                                        # runs out (`sampler_preemptions` counts them)
+  c.rollout.steps_per_call = 4          # decode steps per call: rows grow 4 tokens at a time
   c.algo.overlong_cache_len = 4         # tokens (L_cache)
   c.algo.dynamic_sampling = False       # a random policy's groups are all wrong: none kept
   c.algo.is_correction = "tis_token"    # truncated IS on the sampler's behaviour log-probs

@@ -1,7 +1,8 @@
 """Stage 3 of experiments/rehearse_pod.py: the TPU kernels executed (Pallas TPU interpret mode)
 on the rehearsal's model, against the reference path on the same tokens. Runs in a process with
-5 forced CPU devices (rehearse_pod.py starts it); the kernels' meshes take 4 of them."""
+8 forced CPU devices (rehearse_pod.py starts it); the kernels' meshes take 4 of them."""
 import dataclasses
+import time
 import types
 
 import jax
@@ -37,12 +38,14 @@ def prompts_of(cfg, task, n):
 def _sample(model, cfg, mesh, prompts, task, impl):
   """One rollout by the paged engine on `mesh` with the given decode attention, its pool two
   full-length rows per batch shard (plus the null page), fewer than the rows: rows wait for
-  pages (and are preempted if a shard runs out; `paged_preemptions` counts it)."""
+  pages, and are preempted when a shard runs out (`paged_preemptions` counts them; rows grow
+  rollout.steps_per_call tokens a call, as in the loop)."""
   r = cfg.rollout
   pages = mesh.shape["data"] * (2 * -(-cfg.seq_len // r.page_size) + 1)
   engine = Engine(model, num_slots=len(prompts) * r.group_size,
                   max_prompt_len=cfg.task.max_prompt_len, max_len=cfg.seq_len, mesh=mesh,
-                  paged_kv=True, page_size=r.page_size, num_pages=pages, paged_impl=impl)
+                  paged_kv=True, page_size=r.page_size, num_pages=pages, paged_impl=impl,
+                  steps_per_call=r.steps_per_call)
   kernel = engine._paged.kernel  # pylint: disable=protected-access
   out = GroupSampler(engine).sample_groups(prompts, group_size=r.group_size,
                                            max_new_tokens=r.max_new_tokens, temperature=1.0,
@@ -115,19 +118,31 @@ def run(cfg, num_prompts: int, devices=None) -> dict:
   (pod_model, f32_model, ref_model), (mesh, one) = _models(pod, f32, ref, task, devices)
   sampler_mesh = placement.build_sampler_mesh(cfg, devices)
   prompts = prompts_of(cfg, task, num_prompts)
-  executed = []
+  executed, seconds, t0 = [], {}, time.perf_counter()
+
+  def lap(name):
+    nonlocal t0
+    seconds[name] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
   with pltpu.force_tpu_interpret_mode():
     rollout, kernel = _sample(pod_model, cfg, sampler_mesh, prompts, task, "tpu_kernel")
     if kernel == "tpu":
       executed.append("paged_attention")
+    lap("sample_paged_kernel")
     batch = scored_batch(cfg, rollout, prompts)
     if attention.resolve(pod.model.attention_impl, mesh) == "splash":
       executed.append("splash_attention")
     pod_terms = _update_terms(pod, pod_model, batch, mesh)
+    lap("score_splash_bf16")
     f32_terms = _update_terms(f32, f32_model, batch, mesh)
+    lap("score_splash_f32")
   gather, _ = _sample(pod_model, cfg, sampler_mesh, prompts, task, "reference")
+  lap("sample_gather")
   ref_terms = _update_terms(ref, ref_model, batch, one)
-  return _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms)
+  lap("score_reference")
+  out = _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms)
+  out["detail"]["seconds"] = seconds  # each phase's wall time, compiles included
+  return out
 
 
 def _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms) -> dict:

@@ -2,18 +2,18 @@
 
 COMMAND:
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
-EXPECTED: exit 0 when every check below holds. On 2026-12-03 on this 2-core machine, idle:
-  13 min 26 s (loop and resume 8 min 0 s, kernels 5 min 14 s); before the sampler's top-p cut
-  stopped sorting the vocabulary (each eval at top-p 0.7 took ~70 s of it) 16 min 48 s; under a
-  load average of 16-23 the older code took 48 min. --reuse keeps the stages a failed try
-  finished.
+EXPECTED: exit 0 when every check below holds, with loop_preemptions 72. On 2026-12-04 on a
+  2-core Intel Xeon host, idle: 9 min 29 s (loop and resume 5 min 23 s, kernels 4 min 6 s;
+  10 min 25 s and 10 min 41 s in two more runs). The form before preemption was exercised
+  (64-token prompts, 16 decode steps a call) took 7 min 56 s there and 13 min 26 s on the
+  2-core AMD EPYC host of 2026-12-03. --reuse keeps the stages a failed try finished.
 
 Three stages, each in processes of its own:
 1. loop: `python -m dapo_jax.main --config=configs/pod_rehearsal_cpu.py` on 2 processes x 4 CPU
    devices (jax.distributed over loopback, gloo), `--steps` rollout steps of the 32B config's
    code path (fsdp x tensor mesh, bf16 compute over float32 weights, a paged KV pool smaller than
-   the batch needs, packing, 16 mini-batch updates a step, truncated IS, a checkpoint every
-   step). Its attention is the CPU's (blocked training attention, the paged reference gather).
+   the batch needs, rows growing 4 tokens a call so that samples are preempted, packing, 16
+   mini-batch updates a step, truncated IS, a checkpoint every step). Its attention is the CPU's (blocked training attention, the paged reference gather).
 2. resume: the same workdir with its newest checkpoint removed, resumed on 2 processes: the
    resumed step's metrics must equal the uninterrupted run's (`resumed_identical`).
 3. kernels: one process, 8 CPU devices of which the kernels' meshes take 4 (interpret mode can
@@ -28,7 +28,8 @@ Three stages, each in processes of its own:
 
 The JSON: kernels_executed (the Pallas kernels stage 3 ran), processes and devices (stage 1),
 steps, loss_rel_diff_max and logp_abs_diff_max (stage 3: bf16 pod path vs float32 reference,
-the same tokens), resumed_identical (stage 2).
+the same tokens), resumed_identical (stage 2), loop_preemptions (stage 1: samples its KV pool
+preempted, the steps' `sampler_preemptions` summed; the pool is sized to preempt, so 0 fails).
 
 Tolerances (checked; exit 1 past them; experiments/rehearse_kernels.py:TOL), from bf16's 8
 significant bits (1 ulp = 2^-7 of the leading power of two):
@@ -132,7 +133,9 @@ def loop_and_resume(workdir: str, steps: int, tok: str, reuse: bool) -> dict:
   a, b = _records(full), _records(resumed)
   last = lambda recs: [r for r in recs if r.get("step") == steps]
   return {"resumed_identical": bool(last(a)) and last(a) == last(b),
-          "records": len(a), "resumed_step_records": last(b)}
+          "records": len(a), "resumed_step_records": last(b),
+          "preemptions": int(sum(r.get("sampler_preemptions", 0) for r in a
+                                 if r.get("kind") == "train"))}
 
 
 def kernels(workdir: str, prompts: int, reuse: bool) -> dict:
@@ -171,13 +174,15 @@ def main(argv=None) -> int:
          "devices": PROCESSES * DEVICES_PER_PROCESS, "steps": args.steps,
          "loss_rel_diff_max": k["loss_rel_diff_max"],
          "logp_abs_diff_max": k["logp_abs_diff_max"],
-         "resumed_identical": loop["resumed_identical"]}
+         "resumed_identical": loop["resumed_identical"],
+         "loop_preemptions": loop["preemptions"]}
   print(json.dumps(out, indent=2))
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(out, f, indent=2)
   fails = k["failures"] + ([] if loop["resumed_identical"] else [
-      f"resumed step differs from the uninterrupted run: {loop['resumed_step_records']}"])
+      f"resumed step differs from the uninterrupted run: {loop['resumed_step_records']}"]) + (
+      [] if loop["preemptions"] else ["the loop's KV pool preempted no sample (it is sized to)"])
   for line in fails:
     print(f"FAIL: {line}", file=sys.stderr)
   return 1 if fails else 0

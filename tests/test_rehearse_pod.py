@@ -35,11 +35,16 @@ def test_rehearsal_config_is_the_pod_recipe_at_cpu_width():
   assert c.algo.is_correction == "tis_token" and c.checkpoint.every_steps == 1
   assert (c.mesh.fsdp, c.mesh.tensor) == (-1, 2)
   # The pool is smaller than the rows need: 2 layers x 1 KV head per chip x 128 x K, V x bf16
-  # = 16 KiB per 16-token page, so kv_cache_gib holds 19 pages per batch shard, fewer than
-  # its 8 rows x 5 pages.
+  # = 16 KiB per 16-token page, so kv_cache_gib holds 19 pages per batch shard, fewer than its
+  # 2 prompts' shared full pages (3 each) + 8 rows x their own pages (a partial prompt page
+  # and the response: 2), and rows grow a few tokens a call, so samples are preempted.
   pages = int(c.rollout.kv_cache_gib * 2**30 // (16 * 2 * 1 * 128 * 2 * 2))
   rows_per_shard = c.rollout.num_slots // 4  # 2 hosts x data 2 of the sampler mesh
-  assert pages < rows_per_shard * -(-c.seq_len // c.rollout.page_size)
+  full, partial = divmod(c.task.max_prompt_len, c.rollout.page_size)
+  own = -(-(partial + c.rollout.max_new_tokens) // c.rollout.page_size)
+  assert (pages, full, own) == (19, 3, 2)
+  assert pages < rows_per_shard // c.rollout.group_size * full + rows_per_shard * own
+  assert c.rollout.steps_per_call < c.rollout.max_new_tokens
 
 
 def test_steps_below_two_refused(capsys):
