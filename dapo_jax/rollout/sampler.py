@@ -56,7 +56,8 @@ class PagingTally:
   """The paged KV cache's pressure over one rollout step's generation rounds, all hosts:
   samples preempted (stopped for lack of pages, re-run from their start) and the most of one
   batch shard's pages held at once (1.0: a shard's pool ran full; 0 for the dense cache).
-  Evaluations are not counted. Both are the same on any host count."""
+  Evaluations are not counted. Both are per batch shard, so a host count that leaves each
+  shard the same rows leaves them unchanged (1 and 2 processes: tests/test_multihost.py)."""
   preemptions: int = 0
   pool_peak_frac: float = 0.0
 
