@@ -12,8 +12,9 @@ COMMAND (the rehearsal: this loop on 2 processes, a resume, and the TPU kernels 
 mode against the reference path):
   python experiments/rehearse_pod.py --steps=3 --json=/tmp/rehearsal.json
 EXPECTED: on 2026-12-04 on a 2-core Intel Xeon host, idle, the whole rehearsal took 9 min 29 s
-  (loop steps of 67, 53 and 52 s, 24 samples preempted in each; figures: docs/scale.md). A random policy earns no reward, so advantages are 0
-  and the updates leave the policy as it was, bar weight decay; what is checked is the code
+  (loop steps of 67, 53 and 52 s, 24 samples preempted in each; figures: docs/scale.md). A
+  random policy earns no reward, so advantages are 0 and the updates leave the policy as it
+  was, bar weight decay; what is checked is the code
   path (mesh, pages, packing, IS weights, save/resume) and the numbers the kernels compute.
 
 Options (`:key=value,...`): tokenizer (a directory holding a tokenizer with a chat template).

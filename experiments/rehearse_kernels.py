@@ -2,7 +2,6 @@
 on the rehearsal's model, against the reference path on the same tokens. Runs in a process with
 8 forced CPU devices (rehearse_pod.py starts it); the kernels' meshes take 4 of them."""
 import dataclasses
-import time
 import types
 
 import jax
@@ -12,7 +11,7 @@ from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 
 from configs import pod_rehearsal_cpu
-from dapo_jax import config as config_lib, sharding
+from dapo_jax import config as config_lib, metrics, sharding
 from dapo_jax.data import pipeline
 from dapo_jax.models import attention
 from dapo_jax.rollout.engine import Engine
@@ -118,30 +117,26 @@ def run(cfg, num_prompts: int, devices=None) -> dict:
   (pod_model, f32_model, ref_model), (mesh, one) = _models(pod, f32, ref, task, devices)
   sampler_mesh = placement.build_sampler_mesh(cfg, devices)
   prompts = prompts_of(cfg, task, num_prompts)
-  executed, seconds, t0 = [], {}, time.perf_counter()
-
-  def lap(name):
-    nonlocal t0
-    seconds[name] = round(time.perf_counter() - t0, 1)
-    t0 = time.perf_counter()
+  executed, timer = [], metrics.PhaseTimer()
   with pltpu.force_tpu_interpret_mode():
-    rollout, kernel = _sample(pod_model, cfg, sampler_mesh, prompts, task, "tpu_kernel")
+    with timer("sample_paged_kernel"):
+      rollout, kernel = _sample(pod_model, cfg, sampler_mesh, prompts, task, "tpu_kernel")
     if kernel == "tpu":
       executed.append("paged_attention")
-    lap("sample_paged_kernel")
     batch = scored_batch(cfg, rollout, prompts)
     if attention.resolve(pod.model.attention_impl, mesh) == "splash":
       executed.append("splash_attention")
-    pod_terms = _update_terms(pod, pod_model, batch, mesh)
-    lap("score_splash_bf16")
-    f32_terms = _update_terms(f32, f32_model, batch, mesh)
-    lap("score_splash_f32")
-  gather, _ = _sample(pod_model, cfg, sampler_mesh, prompts, task, "reference")
-  lap("sample_gather")
-  ref_terms = _update_terms(ref, ref_model, batch, one)
-  lap("score_reference")
+    with timer("score_splash_bf16"):
+      pod_terms = _update_terms(pod, pod_model, batch, mesh)
+    with timer("score_splash_f32"):
+      f32_terms = _update_terms(f32, f32_model, batch, mesh)
+  with timer("sample_gather"):
+    gather, _ = _sample(pod_model, cfg, sampler_mesh, prompts, task, "reference")
+  with timer("score_reference"):
+    ref_terms = _update_terms(ref, ref_model, batch, one)
   out = _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms)
-  out["detail"]["seconds"] = seconds  # each phase's wall time, compiles included
+  # each phase's wall time, compiles included
+  out["detail"]["seconds"] = {k: round(v, 1) for k, v in timer.seconds.items()}
   return out
 
 

@@ -13,7 +13,8 @@ Three stages, each in processes of its own:
    devices (jax.distributed over loopback, gloo), `--steps` rollout steps of the 32B config's
    code path (fsdp x tensor mesh, bf16 compute over float32 weights, a paged KV pool smaller than
    the batch needs, rows growing 4 tokens a call so that samples are preempted, packing, 16
-   mini-batch updates a step, truncated IS, a checkpoint every step). Its attention is the CPU's (blocked training attention, the paged reference gather).
+   mini-batch updates a step, truncated IS, a checkpoint every step). Its attention is the
+   CPU's (blocked training attention, the paged reference gather).
 2. resume: the same workdir with its newest checkpoint removed, resumed on 2 processes: the
    resumed step's metrics must equal the uninterrupted run's (`resumed_identical`).
 3. kernels: one process, 8 CPU devices of which the kernels' meshes take 4 (interpret mode can
