@@ -40,6 +40,11 @@ COMMAND (the campaign on base testbed16: the six rungs and the compute-matched a
   campaign cut short stays paired; re-running it skips finished runs and resumes a cut one):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
       --workdir=runs/ladder16 --sweep=ladder16
+COMMAND (the pre-registered confirmatory campaign: the arms and fresh seeds that
+  experiments/preregistration/testbed_confirm.json names, seed-major, with its overrides;
+  re-running skips finished runs and resumes a cut one; experiments/confirm.py reads it):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
+      --workdir=runs/testbed_confirm --sweep=testbed_confirm
 COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0, 1, 2, 4,
   the sampler on half of 8 CPU devices, partial rollouts and token-level truncated IS on every
   arm, 3 seeds):
@@ -59,6 +64,7 @@ does in a round (algo.gen_batch_size) and training on all of them, at the same p
 update: the compute-matched control of dynamic sampling (the same generated tokens, no filter).
 """
 import importlib
+import os
 
 from configs.base import parse_arg
 
@@ -81,6 +87,8 @@ PILOT_ARMS = {              # the pilot16 sweep: learning rate, and a narrower c
     "lr1e-04": {"optim.lr": 1e-4},
     "lr5e-05": {"optim.lr": 5e-5},
     "lr5e-05_eps0.10": {"optim.lr": 5e-5, "algo.eps_low": 0.1, "algo.eps_high": 0.14}}
+REGISTRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "experiments", "preregistration")  # <campaign>.json: sweeps too
 STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
 PREFILTER_ARMS = {          # the prefilter_pool sweep's arms: off, the default rule, a looser one
     "off": {"algo.prefilter": False},
@@ -176,7 +184,9 @@ def get_sweep(arg=None):
   default where it has one (GSPO's 3e-4 / 4e-4 act on a sequence-level ratio; DAPO's 0.2 / 0.28 would not clip
   it). pilot16: the DAPO rung on base testbed16 with each PILOT_ARMS x PILOT_SEEDS. ladder16: the
   six rungs and token_level_matched on base testbed16 x SEEDS16, phase by phase
-  (LADDER16_PHASES), each seed-major. staleness: the DAPO rung with each STALENESS as
+  (LADDER16_PHASES), each seed-major. testbed_confirm (or any campaign registered under
+  REGISTRATIONS): the registration's arms on its base x its seeds, seed-major, each with its
+  overrides. staleness: the DAPO rung with each STALENESS as
   rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. Several names may be joined
   with ','.
   """
@@ -214,10 +224,18 @@ def get_sweep(arg=None):
     elif name == "staleness":
       runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
+    elif os.path.isfile(os.path.join(REGISTRATIONS, f"{name}.json")):
+      from dapo_jax import analysis_confirm  # pylint: disable=g-import-not-at-top
+      reg = analysis_confirm.load_registration(os.path.join(REGISTRATIONS, f"{name}.json"))
+      if reg.raw["config"] != "configs/ladder.py":
+        raise ValueError(f"ladder: registration {name!r} is for {reg.raw['config']}")
+      runs += [{"name": f"{arm}_s{s}", "arg": f"rung={arm},seed={s},base={reg.raw['base']}",
+                "overrides": dict(reg.raw["overrides"])} for s in reg.seeds for arm in reg.arms]
     elif name == "loss_mode":
       runs += [{"name": f"{m}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness")
+                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, or a campaign "
+                       f"registered under {REGISTRATIONS}")
   return runs

@@ -14,7 +14,8 @@ import re
 import numpy as np
 
 from dapo_jax.analysis_stats import (  # noqa: F401  (VERDICTS, holm, power_t re-exported)
-    ALPHA, NAN, VERDICTS, TTest, holm, one_sample_t, power_t, seeds_needed, verdict, welch_t)
+    ALPHA, NAN, VERDICTS, TTest, hedges_j, holm, one_sample_t, power_t, seeds_needed, verdict,
+    welch_t)
 
 
 @dataclasses.dataclass
@@ -25,6 +26,7 @@ class RunLog:
   train: list                # kind == "train" records, by step
   evals: list                # kind == "eval" records
   results: dict              # results.json ({} while running)
+  config: dict = dataclasses.field(default_factory=dict)  # config.json ({} where absent)
 
   def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
     pts = [(r["step"], r[key]) for r in self.train if isinstance(r.get(key), (int, float))]
@@ -69,9 +71,15 @@ def load_runs(root: str) -> dict[str, RunLog]:
     if os.path.isfile(res_path):
       with open(res_path, encoding="utf-8") as f:
         results = json.load(f)
+    cfg_path = os.path.join(root, name, "config.json")
+    config = {}
+    if os.path.isfile(cfg_path):
+      with open(cfg_path, encoding="utf-8") as f:
+        config = json.load(f)
     m = _NAME_RE.match(name)
     group, seed = (m.group("group"), int(m.group("seed"))) if m else (name, 0)
-    runs[name] = RunLog(name, group, seed, sorted(train, key=lambda r: r["step"]), evals, results)
+    runs[name] = RunLog(name, group, seed, sorted(train, key=lambda r: r["step"]), evals, results,
+                        config)
   return runs
 
 
@@ -129,6 +137,24 @@ def budget_mean(run: RunLog, key: str, *, tokens: float) -> float | None:
   return float(v[:n].mean()) if n else None
 
 
+ENDPOINTS = {"tail": tail_mean, "slope": slope, "largest_drop": largest_drop,
+             "run_mean": run_mean}
+
+
+def endpoint(run: RunLog, metric: str) -> float | None:
+  """One run's value of a claim's endpoint: "<key>" is the held-out eval after training,
+  "<key>:<endpoint>" a train metric summarised per run by ENDPOINTS[endpoint] (tail: mean of
+  the last third of the steps; slope: least-squares trend per step; run_mean: every step's
+  mean; largest_drop: the largest step-to-step fall). None where the run lacks it."""
+  key, _, how = metric.partition(":")
+  if not how:
+    return run.final_eval(key)
+  if how not in ENDPOINTS:
+    raise ValueError(f"endpoint {metric!r}: unknown summary {how!r}; expected one of "
+                     f"{sorted(ENDPOINTS)}")
+  return ENDPOINTS[how](run, key)
+
+
 def paired_test(a: dict, b: dict | None) -> TTest:
   """a − b over seeds ({seed: value}): the paired t test when both hold the same seeds (runs
   with one seed share the eval problems and the prompt order), Welch's otherwise; b None
@@ -160,7 +186,10 @@ def adjust_family(records: list[dict], *, alpha: float = ALPHA) -> list[dict]:
   """The records with, within each family: p_adj (Holm), the verdict read from p_adj, and
   seeds_needed_80, the seeds a paired t test needs for 80 % power at alpha / m (m the family's
   size: the level Holm holds the family's smallest p to) for the observed mean difference and
-  sd of the differences; seeds_needed_80_raw is the same at alpha unadjusted."""
+  sd of the differences; seeds_needed_80_raw is the same at alpha unadjusted. Those plug in the
+  observed effect, which a few seeds overstate (E[d̂] = δ / J); seeds_needed_80_bc plans at
+  alpha / m with the bias-corrected effect J·d̂ (Hedges' J, analysis_stats.hedges_j), the count
+  to plan a fresh campaign with."""
   out = [dict(r) for r in records]
   families: dict[str, list[int]] = {}
   for i, r in enumerate(out):
@@ -170,10 +199,12 @@ def adjust_family(records: list[dict], *, alpha: float = ALPHA) -> list[dict]:
     for i, p_adj in zip(idx, holm([out[i]["p"] for i in idx])):
       r = out[i]
       effect = _effect(r["diff"], r["sd_diff"]) if r["paired"] else NAN
+      corrected = effect * hedges_j(r["seeds"]) if r["paired"] and r["seeds"] >= 3 else NAN
       r.update(p_adj=p_adj, alpha_plan=alpha_plan,
                verdict=verdict(diff=r["diff"], p_adj=p_adj, expected=r["expected"], alpha=alpha),
                seeds_needed_80=seeds_needed(effect=effect, alpha=alpha_plan),
-               seeds_needed_80_raw=seeds_needed(effect=effect, alpha=alpha))
+               seeds_needed_80_raw=seeds_needed(effect=effect, alpha=alpha),
+               seeds_needed_80_bc=seeds_needed(effect=corrected, alpha=alpha_plan))
   return out
 
 

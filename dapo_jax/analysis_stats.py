@@ -8,6 +8,7 @@ import dataclasses
 import math
 
 import numpy as np
+from scipy import integrate
 from scipy import stats as sps
 
 ALPHA = 0.05   # family-wise error rate of every family of claims
@@ -93,12 +94,36 @@ def holm(p_values) -> list[float]:
 
 def power_t(*, effect: float, n: int, alpha: float) -> float:
   """Power of the two-sided one-sample (paired) t test at level alpha with n differences whose
-  true mean is `effect` sds: P(|T| > t_crit) for T ~ noncentral t(df n − 1, ncp effect·√n)."""
+  true mean is `effect` sds: P(|T| > t_crit) for T ~ noncentral t(df n − 1, ncp effect·√n).
+
+  Computed directly, not with scipy's noncentral t (whose sf is nan at large noncentrality):
+  T = (Z + ncp) / S with S = √(χ²_df / df) independent of Z ~ N(0, 1), so the power is
+  E_S[Φ(ncp − t_crit·S) + Φ(−ncp − t_crit·S)], one smooth integral over S's quantiles."""
   if n < 2 or not 0 < alpha < 1:
     raise ValueError(f"power_t: need n >= 2 and 0 < alpha < 1, got n={n}, alpha={alpha}")
-  df, ncp = n - 1, effect * math.sqrt(n)
-  crit = sps.t.ppf(1 - alpha / 2, df)
-  return float(sps.nct.sf(crit, df, ncp) + sps.nct.cdf(-crit, df, ncp))
+  df, ncp = n - 1, abs(effect) * math.sqrt(n)
+  if math.isnan(ncp):
+    return NAN
+  if math.isinf(ncp):
+    return 1.0
+  crit = float(sps.t.ppf(1 - alpha / 2, df))
+  s_dist = sps.chi(df, scale=1 / math.sqrt(df))
+
+  def given_s(u: float) -> float:  # the power conditional on S at its quantile u
+    s = float(s_dist.ppf(u))
+    return float(sps.norm.cdf(ncp - crit * s) + sps.norm.cdf(-ncp - crit * s))
+
+  value, _ = integrate.quad(given_s, 0.0, 1.0, epsabs=1e-12, epsrel=1e-10, limit=200)
+  return float(min(1.0, max(0.0, value)))
+
+
+def hedges_j(n: int) -> float:
+  """Hedges' small-sample factor for a standardized paired difference from n seeds (df n − 1):
+  E[d̂] = δ / J, so J·d̂ is (nearly) unbiased; J = Γ(df/2) / (√(df/2)·Γ((df − 1)/2))."""
+  if n < 3:
+    raise ValueError(f"hedges_j: need n >= 3 seeds (df >= 2), got {n}")
+  df = n - 1
+  return float(math.exp(math.lgamma(df / 2) - math.lgamma((df - 1) / 2)) / math.sqrt(df / 2))
 
 
 def seeds_needed(*, effect: float, alpha: float, power: float = POWER,

@@ -5,11 +5,23 @@ mistaken for the holder), command line and a heartbeat refreshed every HEARTBEAT
 second run on the workdir is refused, naming the holder. A lock is stale, and is taken over with
 a message, when its process is gone (same host: no such PID, or a PID that started at another
 time) or its heartbeat is older than STALE_AFTER_S (any host; a preempted TPU VM leaves its lock
-in the bucket). Locally the lock is created with O_EXCL; in a bucket (no exclusive create) it is
-written and read back, so two starts within the same second may both pass there.
+in the bucket). A lock that cannot be read (empty, or not JSON) is stale once it is older than
+UNREADABLE_STALE_S.
+
+Locally every step is atomic, so exactly one of any number of racing starts holds the lock:
+- a lock is written whole to a file of its own, then hard-linked to `run.lock` (link fails if
+  the name exists), so no reader ever sees a half-written lock, and a start that fails (a full
+  disk) leaves nothing behind;
+- a stale lock is taken over by renaming `run.lock` aside and checking that the file moved is
+  the one judged stale (its inode and its bytes: a freed inode is soon reused by a rival's
+  fresh lock); if a rival's fresh lock was moved instead, it is linked back and the start reads
+  the holder again.
+In a bucket (no exclusive create) the lock is written and read back, so two starts within the
+same second may both pass there.
 """
 import json
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -20,6 +32,8 @@ from dapo_jax import paths
 LOCK = "run.lock"
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
+UNREADABLE_STALE_S = 60.0  # an empty or corrupt lock this old is no run's (a holder rewrites it
+                           # every HEARTBEAT_S)
 
 
 _HELD = []  # the locks this process holds (release_held, before an os._exit)
@@ -62,6 +76,11 @@ def _record(started: float) -> dict:
 def stale_reason(holder: dict, now: float | None = None) -> str | None:
   """Why the lock `holder` wrote is stale, or None while its run may still be going."""
   now = time.time() if now is None else now
+  if holder.get("unreadable"):
+    age = now - holder["mtime"]
+    if age > UNREADABLE_STALE_S:
+      return f"unreadable for {age:.0f} s (more than {UNREADABLE_STALE_S:.0f} s)"
+    return None
   if holder.get("host") == socket.gethostname():  # the process table answers
     if _alive(holder["pid"], holder.get("pid_start")):
       return None
@@ -116,25 +135,70 @@ def _create(path, record: dict) -> bool:
     path.write_text(text)
     time.sleep(1.0)  # a competing start's write lands before this read-back
     return json.loads(path.read_text()) == record
+  mine = path.with_name(f"{LOCK}.{os.getpid()}.{secrets.token_hex(4)}")
   try:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with open(mine, "x", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.link(mine, path)   # atomic: fails if any lock is there
+    return True
   except FileExistsError:
     return False
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  return True
+  except OSError as err:
+    raise OSError(err.errno, f"{path}: cannot create the run lock ({err.strerror})") from None
+  finally:
+    mine.unlink(missing_ok=True)
 
 
-def _holder(path) -> dict | None:
-  """The lock's record (None if it vanished); a half-written one is read again briefly."""
-  for _ in range(20):
-    if not path.exists():
-      return None
+def _holder(path) -> tuple[dict, tuple | None] | None:
+  """The lock's record and (locally) its identity, (inode, bytes); None if it vanished. A lock
+  that is empty or not JSON reads as {"unreadable": True, "mtime": ...} (a bucket's is read
+  again briefly first)."""
+  tries = 20 if paths.is_url(path) else 1  # locally a lock is never seen half-written
+  for i in range(tries):
     try:
-      return json.loads(path.read_text())
+      if paths.is_url(path):
+        return json.loads(path.read_text()), None
+      with open(path, encoding="utf-8") as f:
+        ino, mtime = os.fstat(f.fileno()).st_ino, os.fstat(f.fileno()).st_mtime
+        text = f.read()
+    except FileNotFoundError:
+      return None
     except (ValueError, OSError):
-      time.sleep(0.1)
-  return {"host": "?", "pid": -1, "heartbeat": time.time(), "argv": ["(unreadable lock)"]}
+      if i + 1 < tries:
+        time.sleep(0.1)
+      continue
+    try:
+      return json.loads(text), (ino, text)
+    except ValueError:
+      return {"unreadable": True, "mtime": mtime, "host": "?", "pid": -1,
+              "detail": f"{len(text)} bytes, not JSON"}, (ino, text)
+  return {"unreadable": True, "mtime": path.stat().st_mtime, "host": "?", "pid": -1,
+          "detail": "cannot be read"}, None
+
+
+def _remove_stale(path, judged: tuple | None) -> None:
+  """Removes the lock judged stale, and only it: locally, renamed aside and checked against
+  the (inode, bytes) judged (a rival's fresh lock moved by mistake is linked back)."""
+  if judged is None:
+    path.unlink(missing_ok=True)
+    return
+  aside = path.with_name(f"{LOCK}.stale.{os.getpid()}.{secrets.token_hex(4)}")
+  try:
+    os.rename(path, aside)
+  except FileNotFoundError:
+    return  # another start removed it first
+  try:
+    with open(aside, encoding="utf-8", errors="replace") as f:
+      moved = (os.fstat(f.fileno()).st_ino, f.read())
+    if moved != judged:  # not the file judged stale: put it back
+      try:
+        os.link(aside, path)
+      except FileExistsError:  # its holder rewrote it meanwhile (its heartbeat)
+        pass
+  finally:
+    os.unlink(aside)
 
 
 def acquire(workdir) -> RunLock:
@@ -145,19 +209,24 @@ def acquire(workdir) -> RunLock:
     record = _record(started)
     if _create(path, record):
       return RunLock(path, record)
-    holder = _holder(path)
-    if holder is None:
+    read = _holder(path)
+    if read is None:
       continue
+    holder, judged = read
     why = stale_reason(holder)
     if why is None:
       raise RunLocked(_held_message(path, holder))
     print(f"[lock] taking over the stale lock {path} ({why}; it was held by pid "
           f"{holder.get('pid')} on {holder.get('host')})", flush=True)
-    path.unlink(missing_ok=True)
+    _remove_stale(path, judged)
   raise RunLocked(f"{path}: could not take the lock (other runs keep starting on this workdir)")
 
 
 def _held_message(path, holder: dict) -> str:
+  if holder.get("unreadable"):
+    return (f"{path}: the lock is unreadable ({holder['detail']}), written "
+            f"{time.time() - holder['mtime']:.0f} s ago; it is taken over once older than "
+            f"{UNREADABLE_STALE_S:.0f} s, or delete it if no run is using this workdir")
   since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
   command = " ".join(holder.get("argv", []))[:200]
   return (f"{path}: the workdir is in use by pid {holder.get('pid')} on host "

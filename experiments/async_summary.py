@@ -4,7 +4,9 @@ COMMAND:
   python experiments/async_summary.py --root=experiments/results/async [--json=F]
 EXPECTED: one row per k: finished seeds, held-out avg@8 after training (mean over seeds), its
   paired difference from k = 0 with the 95 % t interval, the raw p and Holm's p over the k >= 1
-  comparisons (one family), the policy lag the sampler reached (staleness_mean / _max over all
+  comparisons (one family of the distinct tests: an arm whose per-seed results equal an earlier
+  arm's bit for bit is the same computation and shares its test, and a comparison with no p —
+  fewer than 2 paired seeds — is not a test), the policy lag the sampler reached (staleness_mean / _max over all
   steps, stale_token_frac), the log-prob mismatch mismatch_k3, and per-step wall time: the median
   time_step_s, time_rollout_s and time_update_s, and the share of steps after the first whose
   rollout + update spans exceed the step's (the overlap acting). The notebook reads `summarize`.
@@ -83,9 +85,20 @@ def summarize(root: str) -> list[dict]:
       t = analysis_stats.one_sample_t([mine[s] - base[s] for s in sorted(mine) if s in base])
       row.update(diff=t.diff, ci_half=t.half, p=t.p, paired_seeds=t.n)
     rows.append(row)
-  compared = [r for r in rows if r["k"]]
-  for r, p_adj in zip(compared, analysis_stats.holm([r["p"] for r in compared])):
-    r["p_adj"] = p_adj
+  # Holm's m counts distinct tests: arms whose per-seed results are bit-identical (k beyond the
+  # staleness the sampler can reach) are one computation, and a nan p is no test at all.
+  tests: dict[tuple, list[dict]] = {}
+  for r in rows:
+    if r["k"] and np.isfinite(r["p"]):
+      key = tuple(sorted((run.seed, run.final_eval(METRIC)) for run in by_k[r["k"]]))
+      tests.setdefault(key, []).append(r)
+  distinct = list(tests.values())
+  for same, p_adj in zip(distinct, analysis_stats.holm([same[0]["p"] for same in distinct])):
+    for r in same:
+      r.update(p_adj=p_adj, same_as=same[0]["k"] if r is not same[0] else None)
+  for r in rows:
+    if r["k"] and "p_adj" not in r:
+      r.update(p_adj=float("nan"), same_as=None)
   return rows
 
 
@@ -98,7 +111,9 @@ def render(rows: list[dict]) -> str:
     cmp = (f"{100 * r['diff']:+.1f} [{100 * (r['diff'] - r['ci_half']):+.1f}, "
            f"{100 * (r['diff'] + r['ci_half']):+.1f}] pts" if paired else
            f"{100 * r['diff']:+.1f} pts (1 seed)" if r["k"] else "—")
-    p = f"{r['p']:.2f} / {r['p_adj']:.2f}" if paired else "—"
+    p = (f"{r['p']:.2f} / {r['p_adj']:.2f}" if paired and np.isfinite(r["p"]) else "—")
+    if r["k"] and r.get("same_as") is not None:
+      p += f" (= k {r['same_as']})"
     lines.append(
         f"| {r['k']} | {len(r['seeds'])} | {100 * r[METRIC]:.1f} % | {cmp} | {p} | "
         f"{r['staleness_mean']:.2f} / {r['staleness_max']:.0f} | {100 * r['stale_token_frac']:.0f} % | "

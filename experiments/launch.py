@@ -23,6 +23,15 @@ be ACTIVE; --setup puts this commit's tree on every worker and installs requirem
 The pod's runs go one after another; a preempted run stops the sweep (the slice is gone) and
 the next launch resumes it.
 
+A campaign kept across machines or sessions (local backends): --results_dir=DIR skips every run
+whose results.json is in DIR/<run name>/ and copies each finished run's small logs there (the
+run directory's top-level files up to 1 MiB, never checkpoints), so DIR can be committed as runs
+finish; --stop_at (with --run_minutes) starts no run that could not finish by then:
+
+  python experiments/launch.py --config=configs/ladder.py --sweep=testbed_confirm \
+      --workdir=runs/testbed_confirm --results_dir=experiments/results/testbed_confirm \
+      --parallel=2 --stop_at=12:45 --run_minutes=4
+
 The launch ends with one line per run: finished, preempted (how to resume), failed (exit status
 and the run's last `error:` line), skipped (finished before) or not started; the exit status is 1
 when any run did not finish. A refusal of the launch itself ends with one `error: ...` line
@@ -36,6 +45,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_local as local_backend  # noqa: E402
 import launch_pod  # noqa: E402
 from launch_local import launch_local, local_commands, multihost_commands  # noqa: E402,F401
 from launch_pod import Pod, aot_check, aot_key, tpu_pod_command  # noqa: E402,F401  (API)
@@ -61,6 +71,12 @@ def _flags() -> argparse.ArgumentParser:
   add("--backend", choices=("local", "multihost", "tpu-pod", "xpk"), default="local")
   add("--workdir", required=True, help="root directory (local or gs://...); one per run below")
   add("--parallel", type=int, default=1, help="local: runs at once")
+  add("--results_dir", default="", help="local / multihost: skip runs whose results.json is in "
+      "DIR/<run name>/ and copy each finished run's small logs there (never checkpoints)")
+  add("--stop_at", default="", help="local / multihost: start no run that cannot finish by "
+      "then: HH:MM (today, local time), an ISO date-time, or +MINUTES from now")
+  add("--run_minutes", type=float, default=None, help="--stop_at: how long one run takes; "
+      "the longest run this launch finished counts too")
   add("--num_processes", type=int, default=2, help="multihost: processes per run")
   add("--devices_per_process", type=int, default=4, help="multihost: CPU devices")
   add("--only", default="", help="comma-separated run names to launch (default all)")
@@ -115,6 +131,11 @@ def parse(argv) -> argparse.Namespace:
                       f"--accelerator_type (e.g. v5p-128) or --topology, or --skip_fit_check "
                       f"to launch without it")
   args.workdir = _workdir(args.workdir, pod)
+  if (args.results_dir or args.stop_at) and pod:
+    raise LaunchError(f"--results_dir and --stop_at are for the local backends, not "
+                      f"--backend={args.backend}")
+  args.results_dir = os.path.abspath(args.results_dir) if args.results_dir else ""
+  args.stop_at = local_backend.deadline(args.stop_at, args.run_minutes) if args.stop_at else None
   return args
 
 
@@ -263,8 +284,9 @@ def launch_xpk(args, runs: list[RunSpec]) -> dict:
 def _say_skipped(args, runs: list[RunSpec], todo: list[RunSpec]) -> None:
   """How many runs finished before (results.json in their directory) and are not run again."""
   resumed = sum(r.status() == "resumable" for r in todo)
+  where = args.workdir + (f" or {args.results_dir}" if args.results_dir else "")
   print(f"[launch] skipped {len(runs) - len(todo)} finished run(s) (results.json in "
-        f"{args.workdir}); {len(todo)} to run, {resumed} of them resumed", flush=True,
+        f"{where}); {len(todo)} to run, {resumed} of them resumed", flush=True,
         file=sys.stderr if args.dry_run else sys.stdout)  # a dry run's stdout: commands only
 
 
@@ -283,7 +305,10 @@ def main(argv=None) -> int:
     args = parse(argv)
     runs = runs_of(args)
     check(args, runs)
-    todo = [r for r in runs if r.status() != "finished"]
+    if not args.dry_run:
+      local_backend.collect_finished(runs, args.results_dir)
+    todo = [r for r in runs if r.status() != "finished"
+            and not launch_runs.in_results(r, args.results_dir)]
     _say_skipped(args, runs, todo)
     launcher = {"tpu-pod": launch_pod_runs, "xpk": launch_xpk}.get(args.backend, launch_local)
     outcomes = launcher(args, todo)

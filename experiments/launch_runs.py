@@ -191,3 +191,29 @@ def copy_log(run: RunSpec) -> None:
       paths.copy_file(log_path(run), f"{run.workdir}/launch_log.txt")
     except OSError as e:
       print(f"note: could not copy the log to {run.workdir}: {e}", file=sys.stderr)
+
+
+SMALL_LOG_BYTES = 1 << 20  # --results_dir: a run's top-level files up to this size are its logs
+
+
+def in_results(run: RunSpec, results_dir: str | None) -> bool:
+  """--results_dir: the run's results.json is there (it finished and its logs were copied)."""
+  return bool(results_dir) and os.path.isfile(os.path.join(results_dir, run.name, "results.json"))
+
+
+def copy_small_logs(run: RunSpec, results_dir: str) -> list[str]:
+  """A finished run's small logs into <results_dir>/<run name>/: the files at the top of its
+  directory up to SMALL_LOG_BYTES (results.json, metrics.jsonl, config.json, log.txt), never a
+  folder (checkpoints, export, tensorboard). results.json is copied last, so a copy cut short
+  is not taken for a finished one. Returns the names copied."""
+  src = paths.resolve(run.workdir)
+  if not (src / "results.json").exists():
+    raise LaunchError(f"--results_dir: {run.workdir} has no results.json to copy")
+  dst = os.path.join(results_dir, run.name)
+  os.makedirs(dst, exist_ok=True)
+  names = sorted(p.name for p in src.iterdir()
+                 if p.is_file() and p.stat().length <= SMALL_LOG_BYTES and p.name != "run.lock")
+  names = [n for n in names if n != "results.json"] + ["results.json"]
+  for name in names:
+    paths.copy_file(f"{run.workdir}/{name}", os.path.join(dst, name))
+  return names

@@ -15,19 +15,21 @@ def _record(a, b="other", metric="avg@8"):
   return {"a": a, "b": b, "metric": metric}
 
 
-def test_clip_acts_only_when_every_seed_reaches_the_floor():
+def test_clip_reaches_its_floor_only_when_every_seed_does_and_acting_needs_a_020_arm():
   rec = _record("clip_higher")
   # run means 0.0015 and 0.0012: both >= 0.001
   both = [_run(0, clipfrac_upper=[0.001, 0.002]), _run(1, clipfrac_upper=[0.0012, 0.0012])]
   first = {"clip_higher": [_run(0, clipfrac_upper=[0.0002, 0.0004])]}
   e = am.evidence(rec, both, first, pilot="p")
   (m,) = e["measures"]
-  assert e["acts"] and e["pilot_seeds"] == 2 and m["metric"] == "clipfrac_upper:run_mean"
+  # every seed binds above the floor, but without an eps_high 0.20 arm acting is not shown
+  assert e["acts"] is None and "eps_high 0.20" in e["needs"]
+  assert e["pilot_seeds"] == 2 and m["metric"] == "clipfrac_upper:run_mean"
   assert m["pilot"] == pytest.approx([0.0015, 0.0012])
   assert m["first_ladder_mean"] == pytest.approx(0.0003) and m["reached"]
   one_short = [both[0], _run(1, clipfrac_upper=[0.0005, 0.0009])]  # run mean 0.0007
-  assert not am.evidence(rec, one_short, first, pilot="p")["acts"]
-  assert not am.evidence(rec, [], first, pilot="p")["acts"]  # no pilot: nothing shown to act
+  assert am.evidence(rec, one_short, first, pilot="p")["acts"] is False
+  assert am.evidence(rec, [], first, pilot="p")["acts"] is False  # no pilot: nothing to act on
 
 
 def test_dynamic_sampling_needs_both_kinds_of_uniform_groups():

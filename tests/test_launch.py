@@ -5,6 +5,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
 import launch  # noqa: E402  pylint: disable=wrong-import-position
+import launch_local  # noqa: E402  pylint: disable=wrong-import-position
+import launch_runs  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def test_expand_ladder_sweep(tmp_path):
@@ -17,6 +19,17 @@ def test_expand_ladder_sweep(tmp_path):
   assert [r.name for r in single] == ["run"]
   with pytest.raises(ValueError, match="get_sweep"):
     launch.expand("configs/tiny_cpu.py", "ladder", str(tmp_path))
+
+
+def test_a_registered_campaign_is_a_sweep_in_its_registered_order(tmp_path):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  from dapo_jax import analysis_confirm  # pylint: disable=g-import-not-at-top
+  reg = analysis_confirm.load_registration(
+      os.path.join(root, "experiments", "preregistration", "testbed_confirm.json"))
+  runs = launch.expand("configs/ladder.py", "testbed_confirm", str(tmp_path))
+  assert [r.name for r in runs] == reg.run_names()  # seed-major: a cut-short campaign pairs
+  assert runs[0].config_arg == "configs/ladder.py:rung=soft_overlong,seed=100,base=testbed"
+  assert "--config.checkpoint.export_hf=False" in runs[0].argv()
 
 
 def test_status_skip_and_resume(tmp_path):
@@ -66,7 +79,46 @@ def test_rerun_says_how_many_it_skipped(tmp_path, capsys):
   assert len(out.strip().splitlines()) == 28  # the commands of the runs left, nothing else
 
 
+def _finish(run, *, big=False):
+  os.makedirs(os.path.join(run.workdir, "checkpoints", "30"))
+  for name, text in (("metrics.jsonl", '{"step": 1}\n'), ("config.json", "{}"),
+                     ("results.json", '{"steps": 30}')):
+    with open(os.path.join(run.workdir, name), "w", encoding="utf-8") as f:
+      f.write(text)
+  if big:
+    with open(os.path.join(run.workdir, "big.bin"), "wb") as f:
+      f.write(b"0" * (launch_runs.SMALL_LOG_BYTES + 1))
+
+
+def test_results_dir_skips_committed_runs_and_takes_finished_ones_logs(tmp_path, capsys):
+  work, results = tmp_path / "work", tmp_path / "results"
+  a, b = launch.expand("configs/ladder.py", "ladder", str(work))[:2]
+  _finish(a, big=True)  # finished in the workdir, logs not yet copied
+  os.makedirs(results / b.name)  # only in the results dir (a fresh clone's committed logs)
+  (results / b.name / "results.json").write_text('{"steps": 30}')
+  assert launch.main(["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={work}",
+                      f"--results_dir={results}", f"--only={a.name},{b.name}"]) == 0
+  assert sorted(os.listdir(results / a.name)) == ["config.json", "metrics.jsonl", "results.json"]
+  assert "skipped 2 finished run(s)" in capsys.readouterr().out  # neither was started
+
+
+def test_stop_at_starts_no_run_that_cannot_finish(tmp_path, capsys):
+  run = launch.expand("configs/ladder.py", "ladder", str(tmp_path))[0]
+  assert launch.main(["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={tmp_path}",
+                      f"--only={run.name}", "--stop_at=+1", "--run_minutes=5"]) == 1
+  out, err = capsys.readouterr()
+  assert "1 run(s) not started" in err and "not started" in out
+  assert not os.path.exists(run.workdir)  # nothing ran
+  now = 1_000_000.0
+  d = launch_local.deadline("+10", 4, now=now)
+  assert d.allows(now, 0) and not d.allows(now + 7 * 60, 0) and not d.allows(now, 11 * 60)
+
+
 @pytest.mark.parametrize("args,message", [
+    (["--stop_at=12:00"], "--stop_at needs --run_minutes"),
+    (["--stop_at=noon", "--run_minutes=3"], "--stop_at=noon: expected HH:MM"),
+    (["--backend=xpk", "--cluster=c", "--accelerator_type=v5p-8", "--results_dir=r"],
+     "--results_dir and --stop_at are for the local backends"),
     (["--backend=tpu-pod"], "--backend=tpu-pod needs --tpu_name and --zone"),
     (["--only=nope"], "--only: unknown run names ['nope']"),
     (["--sweep=bogus"], "unknown sweep"),

@@ -110,3 +110,77 @@ def test_second_run_is_refused_and_the_first_runs_files_are_untouched(tmp_path):
   after = {p: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
            for p in tmp_path.rglob("*")}
   assert after == before  # no errors.log either: the refused run never held the workdir
+
+
+_RACE = r"""
+import json, multiprocessing as mp, os, subprocess, sys, time
+from dapo_jax import run_lock
+
+def contender(workdir, barrier, out):
+  barrier.wait()
+  try:
+    lock = run_lock.acquire(workdir)
+  except run_lock.RunLocked:
+    out.put(None)
+    return
+  t0 = time.monotonic()
+  time.sleep(0.05)
+  out.put((t0, time.monotonic()))
+  lock.release()
+
+if __name__ == "__main__":
+  root, trials = sys.argv[1], int(sys.argv[2])
+  dead = subprocess.Popen([sys.executable, "-c", "pass"]); dead.wait()
+  ctx = mp.get_context("fork")
+  both = 0
+  for i in range(trials):
+    workdir = os.path.join(root, str(i)); os.makedirs(workdir)
+    with open(os.path.join(workdir, run_lock.LOCK), "w") as f:  # stale: its process is gone
+      json.dump({"host": os.uname().nodename, "pid": dead.pid, "pid_start": None,
+                 "started": 0, "heartbeat": 0, "argv": ["old"]}, f)
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=contender, args=(workdir, barrier, out)) for _ in range(2)]
+    [p.start() for p in procs]
+    held = [out.get(timeout=60) for _ in procs]
+    [p.join() for p in procs]
+    spans = [h for h in held if h]
+    both += len(spans) == 2 and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+    assert spans, f"trial {i}: nobody took the stale lock"
+  print(json.dumps({"trials": trials, "both_held": both}))
+"""
+
+
+def test_raced_takeovers_of_a_stale_lock_leave_one_holder(tmp_path):
+  """Two processes released together at a stale lock, 40 times: the holds never overlap."""
+  script = tmp_path / "race.py"
+  script.write_text(_RACE)
+  out = subprocess.run([sys.executable, str(script), str(tmp_path / "w"), "200"], cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1]) == {"trials": 200, "both_held": 0}
+  leftovers = [p.name for p in (tmp_path / "w").rglob("*") if p.is_file()]
+  assert leftovers == [], leftovers  # no lock, no aside file, no half-written file
+
+
+def test_an_empty_lock_is_refused_while_fresh_and_taken_over_when_old(tmp_path, capsys):
+  (tmp_path / run_lock.LOCK).write_text("")
+  with pytest.raises(run_lock.RunLocked,
+                     match=r"the lock is unreadable \(0 bytes, not JSON\).*taken over"):
+    run_lock.acquire(tmp_path)
+  hour_ago = time.time() - 3600
+  os.utime(tmp_path / run_lock.LOCK, (hour_ago, hour_ago))
+  with run_lock.acquire(tmp_path):
+    assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
+  assert "unreadable for 3600 s" in capsys.readouterr().out
+
+
+def test_a_failed_create_names_the_lock_and_leaves_nothing(tmp_path, monkeypatch):
+  import errno  # pylint: disable=g-import-not-at-top
+  def full(*_):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(run_lock.os, "link", full)
+  with pytest.raises(OSError, match=rf"{tmp_path}/run.lock: cannot create the run lock "
+                     r"\(No space left on device\)"):
+    run_lock.acquire(tmp_path)
+  assert list(tmp_path.iterdir()) == []
