@@ -139,7 +139,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = dict(data=-1, fsdp=1, tensor=1)   # devices per axis; -1 = the rest
   c.checkpoint = dict(every_steps=0, keep=2, async_save=True, export_hf=True)
   c.log = dict(tensorboard=True, progress=True,
-               reflection_phrases="")  # comma-separated re-check phrases; "" = tracker off
+               reflection_phrases="",  # comma-separated re-check phrases; "" = tracker off
+               wandb=False,            # a Weights & Biases run too (pip install wandb)
+               wandb_project="dapo_jax",
+               wandb_entity="",        # "" = wandb's default entity
+               wandb_name="")          # run name; "" = the workdir's basename
   c.distributed = dict(enabled=False, coordinator_address="", num_processes=-1, process_id=-1,
                        cpu_collectives="")
   return c

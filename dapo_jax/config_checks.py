@@ -15,8 +15,8 @@ from dapo_jax.data.testbed import DEMO_KNOBS
 
 if TYPE_CHECKING:  # dapo_jax.config imports this module
   from dapo_jax.config import Config
-  from dapo_jax.config_sections import (AlgoCfg, EvalCfg, ModelCfg, OptimCfg, RolloutCfg,
-                                        TaskCfg, WarmStartCfg)
+  from dapo_jax.config_sections import (AlgoCfg, EvalCfg, LogCfg, ModelCfg, OptimCfg,
+                                        RolloutCfg, TaskCfg, WarmStartCfg)
 
 
 def _require(ok: bool, where: str, msg: str):
@@ -234,15 +234,26 @@ def _validate_infra(c: "Config"):
   _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
            "at most one axis may be -1")
   _positive("checkpoint", c.checkpoint, "keep")
-  phrases = c.log.reflection_phrases.split(",") if c.log.reflection_phrases.strip() else []
-  _require(all(p.strip() for p in phrases), "log.reflection_phrases",
-           f"empty phrase in {c.log.reflection_phrases!r} (stray comma?)")
+  _validate_log(c.log)
   _positive("checkpoint", c.checkpoint, "every_steps", allow_zero=True)
   procs, pid = c.distributed.num_processes, c.distributed.process_id
   _require(procs == -1 or procs >= 1, "distributed.num_processes",
            f"must be -1 (from the environment) or >= 1, got {procs}")
   _require(pid == -1 or (pid >= 0 and (procs == -1 or pid < procs)), "distributed.process_id",
            f"must be -1 or in [0, num_processes={procs}), got {pid}")
+
+
+def _validate_log(g: "LogCfg"):
+  phrases = g.reflection_phrases.split(",") if g.reflection_phrases.strip() else []
+  _require(all(p.strip() for p in phrases), "log.reflection_phrases",
+           f"empty phrase in {g.reflection_phrases!r} (stray comma?)")
+  if g.wandb:  # wandb is optional: refused here, before anything compiles, not at the first log
+    _require(bool(g.wandb_project), "log.wandb_project", "must name a project when log.wandb")
+    try:
+      import wandb  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as e:
+      raise ValueError(f"config.log.wandb: True, but wandb does not import ({e}); pip install "
+                       f"wandb (requirements-dev.txt pins it), or set log.wandb=False") from None
 
 
 def check_overrides(c: "Config", overrides):

@@ -214,6 +214,10 @@ class LogCfg:
   tensorboard: bool
   progress: bool              # one console line per step
   reflection_phrases: str     # comma-separated re-check phrases (rewards.reflection); "" = off
+  wandb: bool                 # the same scalars to a Weights & Biases run (metrics_wandb)
+  wandb_project: str
+  wandb_entity: str           # "" = wandb's default entity
+  wandb_name: str             # the run's display name; "" = the workdir's basename
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,10 @@
 The workdir is the run's own: `run.lock` there names the holder, and a second run on it is
 refused (dapo_jax.run_lock). A resume keeps the config the checkpoint was trained with; only the
 fields in run_config.RESUMABLE may change, and each start is appended to config.history.jsonl
-before config.json is replaced (dapo_jax.run_config). SIGTERM (a preemption notice) saves a
-checkpoint at the end of the current step and exits 0; `--resume` continues from it. Resuming
+before config.json is replaced (dapo_jax.run_config). SIGTERM (a preemption notice), SIGINT
+(Ctrl-C) and SIGHUP save a checkpoint at the end of the current step and exit with status 75
+(run_state.PREEMPTED_EXIT: a job controller restarts it); `--resume` continues from it.
+`<workdir>/state.json` records how the start ended (dapo_jax.run_state). Resuming
 a run that finished does nothing. Every refusal a user can cause (a config value, a data row,
 a resume that changes the experiment, a full disk, a failed save or export, a lost peer) ends
 with exit status 1 and one `error: ...` line, last on stderr; the traceback goes to
@@ -25,7 +27,7 @@ import traceback
 from absl import app, flags
 from ml_collections import config_flags
 
-from dapo_jax import paths, refusals
+from dapo_jax import paths, refusals, run_state
 
 flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and the exported "
                     "policy: a local path or a bucket URL (gs://...).")
@@ -53,8 +55,13 @@ def _finished(workdir: str, num_steps: int) -> dict | None:
   path = paths.resolve(workdir) / "results.json"
   if not path.exists():
     return None
-  results = json.loads(path.read_text())
-  return results if results["steps"] >= num_steps else None
+  try:
+    results = json.loads(path.read_text())
+    steps = results["steps"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise refusals.Refusal(f"{path}: not a run's results ({refusals.one_line(repr(e))}); move "
+                           f"it aside and rerun with --resume to finish the run again") from None
+  return results if steps >= num_steps else None
 
 
 def _hold(workdir: str):
@@ -84,12 +91,19 @@ def main(argv):
   started = _Started()
   try:
     _main(started)
+  except KeyboardInterrupt:  # Ctrl-C outside the training loop (the loop saves, then stops)
+    line = ("error: interrupted (SIGINT) before the training loop began or while it finished; "
+            "nothing was saved since the newest checkpoint: --resume continues from it")
+    _record_end(started, "interrupted", error=line)
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(130)
   except Exception as e:  # pylint: disable=broad-except
     if started.distributed:
       from dapo_jax import distributed  # pylint: disable=import-outside-toplevel
       line = distributed.fault_line(e)
     else:
       line = refusals.error_line(e)
+    _record_end(started, "failed", error=line or f"error: {refusals.one_line(repr(e))}")
     if line is None:
       raise
     refusals.stop(e, line, debug=FLAGS.debug,
@@ -97,6 +111,13 @@ def main(argv):
   finally:
     if started.lock is not None:
       started.lock.release()
+
+
+def _record_end(started: _Started, state: str, **fields) -> None:
+  """state.json for a start that held the workdir (a refused start leaves the holder's)."""
+  if started.lock is not None:
+    from dapo_jax import run_state  # pylint: disable=import-outside-toplevel
+    run_state.write(started.workdir, state, **fields)
 
 
 def _main(started: _Started):
@@ -112,8 +133,10 @@ def _main(started: _Started):
     print(f"[resume] {workdir} already finished its {done['steps']} steps (results.json): "
           f"nothing to do", flush=True)
     return
-  run_job(cfg, workdir, resume=FLAGS.resume,
-          config_json=FLAGS.config.to_json_best_effort(indent=2))
+  _, results = run_job(cfg, workdir, resume=FLAGS.resume,
+                       config_json=FLAGS.config.to_json_best_effort(indent=2))
+  if results.get("preempted"):  # saved after a stop signal: not a success for a controller
+    sys.exit(run_state.PREEMPTED_EXIT)
 
 
 def run_job(cfg, workdir: str, *, resume: bool, config_json: str):
@@ -127,10 +150,13 @@ def run_job(cfg, workdir: str, *, resume: bool, config_json: str):
   run = trainer.build(cfg, workdir, resume=resume)
   if jax.process_index() == 0:  # every check passed: this start is the run's
     run_config.record_start(workdir, cfg, start, config_json=config_json)
+    run_state.write(workdir, "running")
   results = trainer.train(run, resume=resume)
   if results.get("preempted"):
     print(f"[preempt] saved step {results['steps']} in {workdir}/checkpoints; exiting. Continue "
           f"with --resume", flush=True)
+    if jax.process_index() == 0:
+      run_state.write(workdir, "preempted", step=results["steps"], signal=results["signal"])
   else:
     finish(run, results, workdir)
   return run, results
@@ -167,6 +193,7 @@ def finish(run, results: dict, workdir: str) -> None:
     export(run, f"{workdir}/export")
   if jax.process_index() == 0:
     paths.write_text(f"{workdir}/results.json", json.dumps(results, indent=2))
+    run_state.write(workdir, "finished", step=results["steps"])
     _report(results, run.cfg.eval.num_samples, workdir)
 
 

@@ -1,4 +1,5 @@
-"""Step metrics to a JSONL file, TensorBoard event files and a console line; health warnings."""
+"""Step metrics to a JSONL file, TensorBoard event files, wandb and a console line; health
+warnings."""
 import contextlib
 import json
 import logging
@@ -9,6 +10,7 @@ import time
 import jax
 import numpy as np
 
+from dapo_jax import metrics_wandb
 from dapo_jax import paths
 from dapo_jax.core import stats
 
@@ -28,17 +30,19 @@ class MetricWriter:
   dropped and counted in a log line, and TensorBoard hides events after the last kept step
   (its purge_step). 0 starts both logs afresh. `records` counts the records in the file.
   The workdir may be a bucket (gs://): there each record rewrites the file in one upload (an
-  object store cannot append), locally it is appended and flushed.
+  object store cannot append), locally it is appended and flushed. `wandb`: WandbSink's
+  keywords (metrics_wandb.options), the same scalars as TensorBoard to a wandb run; None = off.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool, progress: bool, total_steps: int,
-               keep_records: int, is_main: bool = True, filename: str = "metrics.jsonl"):
+               keep_records: int, is_main: bool = True, filename: str = "metrics.jsonl",
+               wandb: dict | None = None):
     self.is_main = is_main
     self.progress = progress and is_main
     self.total_steps = total_steps
     self.path = os.fspath(paths.resolve(workdir) / filename)
     self.records = keep_records
-    self._tb = self._f = self._lines = None
+    self._tb = self._f = self._lines = self._wandb = None
     if is_main:
       paths.makedirs(workdir)
       self._lines = self._truncate(keep_records)
@@ -50,6 +54,8 @@ class MetricWriter:
         self._tb = tensorboardX.SummaryWriter(
             paths.tensorboard_dir(paths.resolve(workdir) / "tensorboard"),
             purge_step=0 if last_step is None else last_step + 1)
+      if wandb is not None:
+        self._wandb = metrics_wandb.WandbSink(workdir, **wandb)
     self._t0 = time.time()
 
   def _truncate(self, keep: int) -> list[str]:
@@ -82,15 +88,19 @@ class MetricWriter:
         rec[k] = f if math.isfinite(f) else str(f)
     self._append(json.dumps(rec, sort_keys=True))
     self.records += 1
+    scalars = {f"{kind}/{k.replace('@', '_at_')}": v for k, v in rec.items()
+               if isinstance(v, float)}
     if self._tb is not None:
+      for tag, v in scalars.items():
+        self._tb.add_scalar(tag, v, step)
       for k, v in rec.items():
-        if isinstance(v, float):
-          self._tb.add_scalar(f"{kind}/{k.replace('@', '_at_')}", v, step)
-        elif k.endswith("_counts") and isinstance(v, list) and sum(v) > 0:
+        if k.endswith("_counts") and isinstance(v, list) and sum(v) > 0:
           # counts[i] = how many had value i (e.g. staleness_counts): a histogram
           self._tb.add_histogram(f"{kind}/{k.removesuffix('_counts')}",
                                  np.repeat(np.arange(len(v)), v), step)
       self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log(step, scalars)
     if self.progress and kind == "train":
       self._console(step, rec)
 
@@ -119,6 +129,8 @@ class MetricWriter:
         self._f.close()
       if self._tb is not None:
         self._tb.close()
+      if self._wandb is not None:
+        self._wandb.close()
 
 
 class HealthMonitor:
@@ -289,7 +301,7 @@ def loggers(cfg, workdir: str, *, keep_records: int, first_length: float | None)
   resume, the monitor continuing from the run's first-step length."""
   writer = MetricWriter(workdir, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
                         total_steps=cfg.train.num_steps, keep_records=keep_records,
-                        is_main=jax.process_index() == 0)
+                        is_main=jax.process_index() == 0, wandb=metrics_wandb.options(cfg))
   health = HealthMonitor(entropy_floor=cfg.train.entropy_floor,
                          entropy_ceiling=cfg.train.entropy_ceiling,
                          length_growth=cfg.train.length_growth_warn)

@@ -10,7 +10,7 @@ uninterrupted, then once more killed at K points drawn from --seed, each time re
   round  SIGKILL at the start of generation round r >= 1 of step s (between dynamic-sampling rounds)
   save   SIGKILL while step s's asynchronous checkpoint save is being written
   seam   SIGKILL after step s's metrics line, before its checkpoint save starts
-  term   SIGTERM during step s (a preemption notice: must save step s and exit 0)
+  term   SIGTERM during step s (a preemption notice: must save step s and exit 75)
 At the end the killed-and-resumed run must equal the clean one: parameters and optimizer state
 bitwise, the data-iterator position and the rest of the checkpoint metadata, metrics.jsonl (one
 record per step and evaluation, equal values except timings) and results.json. A table of kill
@@ -31,6 +31,8 @@ import tempfile
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from dapo_jax.run_state import PREEMPTED_EXIT  # noqa: E402  (no JAX: the parent stays light)
 CONFIG = "configs/tiny_cpu.py:runlocal=True"
 CHAOS_SETTINGS = {
     "train.batch_size": 4, "train.num_minibatches": 2, "algo.gen_batch_size": 3,
@@ -178,8 +180,10 @@ def compare(ref: str, got: str) -> list[str]:
 def _row(i: int, point: tuple, rc: int, out: str, next_out: str) -> dict:
   """One kill: did it land as planned, and what did the resume that followed report?"""
   kind, step, rnd = point
-  landed = (rc == 0 and f"[preempt] saved step {step} " in out) if kind == "term" else \
-      (rc == -signal.SIGKILL and "[chaos]" in out)
+  if kind == "term":
+    landed = rc == PREEMPTED_EXIT and f"[preempt] saved step {step} " in out
+  else:
+    landed = rc == -signal.SIGKILL and "[chaos]" in out
   # A kill inside the first save leaves no checkpoint: the resume starts over at step 0.
   resumed = re.search(r"\[resume\] (?:from|no checkpoint in \S+: starting at) step (\d+)",
                       next_out)

@@ -15,27 +15,29 @@ bucket's runs log under ./launch_logs/ and the log is copied beside the run). Re
 skips runs that finished and resumes (--resume) runs that have a checkpoint; a config file
 without get_sweep() is one run named "run".
 
-tpu-pod and xpk check first that every distinct run fits the slice (python -m dapo_jax.aot,
-compiled on this CPU machine for --accelerator_type or --topology), also in a dry run, and refuse
-to go on without a slice to check unless --skip_fit_check is given. --queued_resource asks for
-the slice (gcloud ... queued-resources create; spot, reserved or on-demand) and waits for it to
-be ACTIVE; --setup puts this commit's tree on every worker and installs requirements-tpu.txt.
-The pod's runs go one after another; a preempted run stops the sweep (the slice is gone) and
-the next launch resumes it.
+tpu-pod and xpk check first that every distinct run fits the slice (python -m dapo_jax.aot on
+this CPU machine, for --accelerator_type or --topology), also in a dry run; --skip_fit_check
+launches unchecked. --queued_resource asks for the slice and waits for ACTIVE; --setup puts this
+commit's tree and a Python >= 3.11 environment with requirements-tpu.txt on every worker. A
+pod's run starts detached on every worker (its own session: a dropped ssh or a sleeping laptop
+does not stop it) and the launcher follows it through its workdir; the runs go one after
+another, and a preempted run stops the sweep (the next launch resumes it). --action=status
+reads every run's state from its workdir, from any machine; --action=stop sends its processes
+SIGTERM (they save at the end of the step).
 
-A campaign kept across machines or sessions (local backends): --results_dir=DIR skips every run
-whose results.json is in DIR/<run name>/ and copies each finished run's small logs there (the
-run directory's top-level files up to 1 MiB, never checkpoints), so DIR can be committed as runs
-finish; --stop_at (with --run_minutes) starts no run that could not finish by then:
+A campaign kept across sessions (local backends): --results_dir=DIR skips every run whose
+results.json is in DIR/<run name>/ and copies each finished run's small logs there (top-level
+files up to 1 MiB, never checkpoints); --stop_at (with --run_minutes) starts no run that could
+not finish by then:
 
   python experiments/launch.py --config=configs/ladder.py --sweep=testbed_confirm \
       --workdir=runs/testbed_confirm --results_dir=experiments/results/testbed_confirm \
       --parallel=2 --stop_at=12:45 --run_minutes=4
 
-The launch ends with one line per run: finished, preempted (how to resume), failed (exit status
-and the run's last `error:` line), skipped (finished before) or not started; the exit status is 1
-when any run did not finish. A refusal of the launch itself ends with one `error: ...` line
-(exit status 2).
+The launch ends with one line per run, read from this launch's own output and the run's
+state.json: finished, preempted (how to resume), failed (the run's last `error:` line, or the
+signal that killed it), skipped or not started; exit status 1 when any run did not finish. A
+refusal of the launch itself ends with one `error: ...` line (exit status 2).
 """
 import argparse
 import os
@@ -45,17 +47,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_detached  # noqa: E402
 import launch_local as local_backend  # noqa: E402
 import launch_pod  # noqa: E402
 from launch_local import launch_local, local_commands, multihost_commands  # noqa: E402,F401
 from launch_pod import Pod, aot_check, aot_key, tpu_pod_command  # noqa: E402,F401  (API)
 from launch_runs import (REPO, LaunchError, Outcome, RunSpec, expand,  # noqa: E402,F401
-                         load_module, outcome, summary_row)
+                         load_module, outcome, summarise, summary_row)
 import launch_runs  # noqa: E402
-from dapo_jax import paths  # noqa: E402
+from dapo_jax import paths, run_state  # noqa: E402
 
 QR_POLL_S = 30.0  # seconds between two looks at a queued resource's state
-POD_PREEMPT_CODES = (0, 255, 143, -15)  # main saved and stopped, or the pod's ssh session died
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,6 +69,8 @@ def _flags() -> argparse.ArgumentParser:
   ap = _Parser(description=__doc__.split("\n")[0])
   add = ap.add_argument
   add("--config", required=True, help="configs/*.py (with get_config / get_sweep)")
+  add("--action", choices=("launch", "status", "stop"), default="launch", help="status: each "
+      "run's state read from its workdir (from any machine); stop: SIGTERM to its processes")
   add("--sweep", default=None, help="argument to the config's get_sweep()")
   add("--backend", choices=("local", "multihost", "tpu-pod", "xpk"), default="local")
   add("--workdir", required=True, help="root directory (local or gs://...); one per run below")
@@ -229,21 +233,10 @@ def setup_workers(args, pod: Pod) -> None:
     _run(cmd, dry=args.dry_run)
 
 
-def _tee(cmd: list[str], log_path: str) -> tuple[int, list[str]]:
-  """Runs `cmd`, its output to the console and appended to `log_path`; (status, lines)."""
-  os.makedirs(os.path.dirname(log_path), exist_ok=True)
-  lines = []
-  with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
-      cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
-    for line in p.stdout:
-      sys.stdout.write(line)
-      log.write(line)
-      lines.append(line)
-  return p.returncode, lines[-200:]
-
-
 def launch_pod_runs(args, runs: list[RunSpec]) -> dict:
-  """tpu-pod: the slice and workers (if asked), then each run on every worker, in turn."""
+  """tpu-pod: the slice and workers (if asked), then each run started detached on every worker
+  and followed through its workdir, in turn (the launcher may go away: --action=status reads
+  the run later, from any machine)."""
   pod = Pod(args.tpu_name, args.zone, args.project, args.repo_dir)
   if args.queued_resource:
     get_slice(args, pod)
@@ -251,20 +244,33 @@ def launch_pod_runs(args, runs: list[RunSpec]) -> dict:
     setup_workers(args, pod)
   outcomes = {}
   for i, run in enumerate(runs):
-    cmd = tpu_pod_command(run, pod)
-    _show(cmd)
+    _run(tpu_pod_command(run, pod, launch_id=args.launch_id), dry=args.dry_run)
     if args.dry_run:
       continue
-    t0 = time.time()
-    rc, lines = _tee(cmd, launch_runs.log_path(run))
-    outcomes[run.name] = outcome(run, rc, lines, wall_s=time.time() - t0,
-                                 preempt_codes=POD_PREEMPT_CODES)
-    launch_runs.copy_log(run)
-    if outcomes[run.name].state == "preempted":  # the slice is gone: the rest waits
+    hint = (f"see the workers' logs: {' '.join(pod.gcloud('tpu-vm ssh', pod.tpu_name))} "
+            f"--worker=0 --command='tail -n 30 {pod.log_dir}/{run.name}.*.log'")
+    outcomes[run.name] = launch_detached.follow(run, args.launch_id, log_hint=hint)
+    if outcomes[run.name].state == "preempted":  # the slice may be gone: the rest waits
       outcomes.update({r.name: Outcome("not started", "after a preemption; rerun the launch")
                        for r in runs[i + 1:]})
       break
   return outcomes
+
+
+def act(args, runs: list[RunSpec]) -> int:
+  """--action=status or stop."""
+  if args.action == "status":
+    return launch_detached.status(runs)
+  if args.backend == "xpk":
+    raise LaunchError("--action=stop: stop an xpk workload with xpk workload delete "
+                      f"--cluster={args.cluster} --workload=<name>")
+  if args.backend != "tpu-pod":
+    return launch_detached.stop_local(runs)
+  pod = Pod(args.tpu_name, args.zone, args.project, args.repo_dir)
+  for run in runs:
+    _run(pod.gcloud("tpu-vm ssh", pod.tpu_name, flags=(
+        "--worker=all", f"--command={launch_detached.pod_stop_script(run)}")), dry=args.dry_run)
+  return 0
 
 
 def launch_xpk(args, runs: list[RunSpec]) -> dict:
@@ -290,20 +296,14 @@ def _say_skipped(args, runs: list[RunSpec], todo: list[RunSpec]) -> None:
         file=sys.stderr if args.dry_run else sys.stdout)  # a dry run's stdout: commands only
 
 
-def summarise(runs: list[RunSpec], outcomes: dict) -> int:
-  """One line per run; 1 if any run did not finish (a submitted xpk workload counts as done)."""
-  print("\n== summary ==")
-  for run in runs:
-    print(summary_row(run, outcomes[run.name]))
-  done = ("finished", "skipped", "submitted")
-  return 0 if all(outcomes[r.name].state in done for r in runs) else 1
-
-
 def main(argv=None) -> int:
   """parse -> expand -> check -> launch -> summarise. A refusal: one `error:` line, exit 2."""
   try:
     args = parse(argv)
     runs = runs_of(args)
+    if args.action != "launch":
+      return act(args, runs)
+    args.launch_id = os.environ[run_state.LAUNCH_ENV] = f"{time.time():.0f}-{os.getpid()}"
     check(args, runs)
     if not args.dry_run:
       local_backend.collect_finished(runs, args.results_dir)

@@ -85,23 +85,29 @@ def _free_port() -> int:
 
 
 def _start(cmds, log_path):
+  """The processes, each appending to its log; and where this launch's lines begin in it."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
+  offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
   procs = []
   for i, (argv, env) in enumerate(cmds):
     path = log_path if i == 0 else log_path.replace(".txt", f".p{i}.txt")
     f = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     procs.append((subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT),
                   f))
-  return procs
+  return procs, offset
 
 
-def _ended(run: RunSpec, procs, t0: float, results_dir: str) -> Outcome:
+def _ended(run: RunSpec, started, t0: float, args) -> Outcome:
+  """The run's outcome from this launch's lines of its log (not an earlier launch's)."""
+  procs, offset = started
   for _, f in procs:
     f.close()
   rc = next((p.returncode for p, _ in procs if p.returncode != 0), 0)
-  with open(launch_runs.log_path(run), encoding="utf-8", errors="replace") as f:
-    lines = f.read().splitlines()[-200:]
-  out = outcome(run, rc, lines, wall_s=time.time() - t0)
+  with open(launch_runs.log_path(run), "rb") as f:
+    f.seek(offset)
+    lines = f.read().decode("utf-8", errors="replace").splitlines()[-200:]
+  out = outcome(run, rc, lines, wall_s=time.time() - t0, launch_id=getattr(args, "launch_id", ""))
+  results_dir = getattr(args, "results_dir", "")
   launch_runs.copy_log(run)
   if results_dir and out.state == "finished":
     launch_runs.copy_small_logs(run, results_dir)
@@ -135,8 +141,8 @@ def launch_local(args, runs: list[RunSpec]) -> dict:
     time.sleep(0.5)
     for item in list(live):
       run, procs, t0 = item
-      if all(p.poll() is not None for p, _ in procs):
-        outcomes[run.name] = _ended(run, procs, t0, getattr(args, "results_dir", ""))
+      if all(p.poll() is not None for p, _ in procs[0]):
+        outcomes[run.name] = _ended(run, procs, t0, args)
         if outcomes[run.name].state == "finished":
           longest = max(longest, outcomes[run.name].wall_s)
         print(f"[launch] {summary_row(run, outcomes[run.name])}", flush=True)

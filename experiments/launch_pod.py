@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import launch_detached
 from launch_runs import REPO, LaunchError, RunSpec
 
 # Default TPU VM software per TPU generation (gcloud's --runtime-version).
@@ -28,6 +29,20 @@ class Pod:
   zone: str
   project: str = ""
   repo_dir: str = "~/dapo_jax"  # on each worker, used unquoted so that ~ expands
+
+  @property
+  def venv(self) -> str:
+    """The workers' Python >= 3.11 environment (beside the tree, which a new commit replaces)."""
+    return f"{self.repo_dir}-venv"
+
+  @property
+  def python(self) -> str:
+    return f"{self.venv}/bin/python"
+
+  @property
+  def log_dir(self) -> str:
+    """Each worker's own run logs (<run>.<worker host>.log), on its local disk."""
+    return f"{self.repo_dir}-logs"
 
   def gcloud(self, verb: str, *positional: str, flags=()) -> list[str]:
     """`gcloud compute tpus <verb> <positional> --zone=Z [--project=P] <flags>`."""
@@ -80,26 +95,44 @@ def repo_commit() -> tuple[str, bool]:
   return sha, bool(dirty)
 
 
+MIN_PYTHON = (3, 11)  # jax, jaxlib and libtpu 0.10.2 need it; TPU VM images ship 3.10
+
+
+def _python_ok(python: str) -> str:
+  return f"{python} -c 'import sys; sys.exit(sys.version_info < {MIN_PYTHON})' 2>/dev/null"
+
+
 def setup_commands(pod: Pod, sha: str) -> list[list[str]]:
-  """Idempotent: the commit's tree replaces <repo_dir> on every worker only when its
-  .commit differs, and pip installs requirements-tpu.txt (a no-op once satisfied)."""
+  """Idempotent: the commit's tree replaces <repo_dir> on every worker only when its .commit
+  differs; <repo_dir>-venv is made once with a Python >= 3.11 (the image's python3 where it is
+  one, else uv's own CPython 3.11: the TPU VM images' python3 is 3.10), checked on every worker
+  (an `error:` line naming the worker if there is none), and requirements-tpu.txt installed
+  into it (a no-op once satisfied)."""
   archive = f"/tmp/dapo_jax-{sha[:12]}.tar.gz"
-  d = pod.repo_dir
+  d, venv, want = pod.repo_dir, pod.venv, ".".join(map(str, MIN_PYTHON))
   script = (f"set -e; if [ \"$(cat {d}/.commit 2>/dev/null)\" != {sha} ]; then "
             f"rm -rf {d}.new && mkdir -p {d}.new && tar -xzf {archive} -C {d}.new && "
             f"echo {sha} > {d}.new/.commit && rm -rf {d} && mv {d}.new {d}; fi; "
-            f"python3 -m pip install --quiet -r {d}/requirements-tpu.txt")
+            f"if ! {_python_ok(pod.python)}; then rm -rf {venv}; "
+            f"if {_python_ok('python3')}; then python3 -m venv {venv} || true; else "
+            f"python3 -m pip install --user --quiet uv && "
+            f"python3 -m uv venv --quiet --seed --python {want} {venv} || true; fi; fi; "
+            f"if ! {_python_ok(pod.python)}; then echo \"error: no Python >= {want} on worker "
+            f"$(hostname) (python3 is $(python3 -V 2>&1)) and uv could not fetch one: use a TPU "
+            f"VM image with Python >= {want} (--runtime_version)\" >&2; exit 1; fi; "
+            f"{pod.python} -m pip install --quiet -r {d}/requirements-tpu.txt")
   return [["git", "-C", REPO, "archive", "--format=tar.gz", f"--output={archive}", sha],
           pod.gcloud("tpu-vm scp", archive, f"{pod.tpu_name}:{archive}", flags=("--worker=all",)),
           pod.gcloud("tpu-vm ssh", pod.tpu_name, flags=("--worker=all", f"--command={script}"))]
 
 
 # ----- a run ---------------------------------------------------------------------------------
-def tpu_pod_command(run: RunSpec, pod: Pod) -> list[str]:
-  """The gcloud command that runs this run's main on every worker of the pod."""
-  inner = " ".join(shlex.quote(a) for a in run.argv(python="python3"))
-  return pod.gcloud("tpu-vm ssh", pod.tpu_name,
-                    flags=("--worker=all", f"--command=cd {pod.repo_dir} && {inner}"))
+def tpu_pod_command(run: RunSpec, pod: Pod, *, launch_id: str) -> list[str]:
+  """The gcloud command that starts this run's main on every worker of the pod, detached
+  (launch_detached.detached_script), with the set-up's Python, and returns at once."""
+  script = launch_detached.detached_script(run, repo_dir=pod.repo_dir, python=pod.python,
+                                           log_dir=pod.log_dir, launch_id=launch_id)
+  return pod.gcloud("tpu-vm ssh", pod.tpu_name, flags=("--worker=all", f"--command={script}"))
 
 
 def workload_name(run_name: str) -> str:

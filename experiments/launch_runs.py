@@ -4,9 +4,11 @@ A run's state is read from its workdir (local or a bucket, through dapo_jax.path
 ran, from its exit status and the last `error:` line of its output:
 
   finished   results.json written
-  preempted  stopped with its work saved (SIGTERM: exit 0 after a checkpoint; or killed by a
-             signal, or the pod's ssh session lost): rerunning the launch resumes it
-  failed     any other exit: the exit status and the run's last `error:` line
+  preempted  stopped with its work saved (a stop signal: exit 75 after a checkpoint, and
+             state.json says so; or killed by SIGTERM before it could save): rerunning the
+             launch resumes it
+  failed     any other exit: the exit status and the run's last `error:` line (or the signal
+             that killed it)
   new / resumable   before a launch: no checkpoint yet / a checkpoint to resume
   not started       a pod's runs after a preemption (the slice is gone)
 """
@@ -14,11 +16,12 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from dapo_jax import paths  # noqa: E402  (etils only: no JAX in the launcher)
+from dapo_jax import paths, run_state  # noqa: E402  (etils only: no JAX in the launcher)
 from dapo_jax.train import checkpoint_dirs  # noqa: E402
 
 
@@ -39,7 +42,13 @@ class RunSpec:
 
   def results(self) -> dict | None:
     path = paths.resolve(self.workdir) / "results.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+      return None
+    try:
+      return json.loads(path.read_text())
+    except ValueError as e:
+      raise LaunchError(f"{path}: not valid JSON ({e}); move it aside to run {self.name} "
+                        f"again") from None
 
   def status(self) -> str:
     """Before a launch: finished, resumable (a checkpoint), new, or unread (not looked at)."""
@@ -149,16 +158,26 @@ def last_error(lines: list[str]) -> str | None:
 
 
 def outcome(run: RunSpec, returncode: int, lines: list[str], *, wall_s: float,
-            preempt_codes=(0, -15, 143)) -> Outcome:
-  """The state of `run` after its process ended with `returncode`, its output's `lines`."""
+            launch_id: str = "") -> Outcome:
+  """The state of `run` after its process ended with `returncode`, `lines` being this launch's
+  output only: the run's own record (state.json) where this launch wrote it, else the exit
+  status (75 or SIGTERM: preempted; another signal named) and the last `error:` line."""
   if run.results() is not None:
     return Outcome("finished", "", wall_s)
-  error = last_error(lines)
-  if error is None and returncode in preempt_codes:
+  rec = run_state.read(run.workdir) if run.read_state else None
+  ours = rec is not None and launch_id and rec.get("launch") == launch_id
+  error = last_error(lines) or (rec.get("error") if ours else None)
+  if ours and rec["state"] in ("preempted", "interrupted") or error is None and returncode in (
+      0, run_state.PREEMPTED_EXIT, -15, 143):
     step = run.checkpoint()
     how = (f"saved at step {step}; rerun the same launch to resume it (--resume)"
            if step is not None else "no checkpoint yet; rerun the same launch to start it again")
     return Outcome("preempted", how, wall_s)
+  if returncode < 0 and error is None:
+    try:
+      error = f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+      error = f"killed by signal {-returncode}"
   last = error or next((ln.strip() for ln in reversed(lines) if ln.strip()), "(no output)")
   return Outcome("failed", f"exit {returncode}: {last}", wall_s)
 
@@ -176,6 +195,15 @@ def summary_row(run: RunSpec, out: Outcome) -> str:
   row = (f"{run.name:<28} {out.state:<11} steps {steps:>5}  before {before:>6}  after "
          f"{after:>14}  {wall:>6}")
   return row + (f"  {out.detail}" if out.detail else "")
+
+
+def summarise(runs: list[RunSpec], outcomes: dict) -> int:
+  """One line per run; 1 if any run did not finish (a submitted xpk workload counts as done)."""
+  print("\n== summary ==")
+  for run in runs:
+    print(summary_row(run, outcomes[run.name]))
+  done = ("finished", "skipped", "submitted")
+  return 0 if all(outcomes[r.name].state in done for r in runs) else 1
 
 
 def log_path(run: RunSpec) -> str:

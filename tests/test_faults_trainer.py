@@ -80,20 +80,23 @@ def test_kill_between_metrics_line_and_checkpoint(tmp_path, monkeypatch, referen
   _assert_same_as(reference, run, results, tmp_path)
 
 
-def test_sigterm_saves_at_the_step_boundary_then_resume_finishes(tmp_path, monkeypatch,
-                                                                 reference):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_saves_at_the_step_boundary_then_resume_finishes(tmp_path, monkeypatch,
+                                                                       reference, sig):
   step_fn = trainer.rollout_step
+  before = signal.getsignal(sig)
 
-  def step_then_sigterm(run, *args, **kwargs):
+  def step_then_signal(run, *args, **kwargs):
     out = step_fn(run, *args, **kwargs)
-    if run.step == 0:  # during step 1
-      os.kill(os.getpid(), signal.SIGTERM)
+    if run.step == 0:  # during step 1 (Ctrl-C, a preemption notice, a dropped ssh session)
+      os.kill(os.getpid(), sig)
     return out
 
-  monkeypatch.setattr(trainer, "rollout_step", step_then_sigterm)
+  monkeypatch.setattr(trainer, "rollout_step", step_then_signal)
   run, results = _train(tmp_path)
   assert results["preempted"] and results["steps"] == 1 and "after" not in results
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+  assert results["signal"] == sig.name
+  assert signal.getsignal(sig) is before  # the handler is removed again
   assert ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), keep=2,
                                async_save=False).steps() == [1]
   monkeypatch.setattr(trainer, "rollout_step", step_fn)
@@ -111,6 +114,19 @@ def test_resume_of_a_finished_run_does_nothing(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert "already finished its 80 steps (results.json): nothing to do" in out.stdout
   assert sorted(os.listdir(tmp_path)) == ["results.json"]
+
+
+def test_a_corrupt_results_json_is_named(tmp_path):
+  (tmp_path / "results.json").write_text('{"steps": 80,')
+  out = subprocess.run(
+      [sys.executable, "-m", "dapo_jax.main", "--config=configs/tiny_cpu.py",
+       f"--workdir={tmp_path}", "--resume"], cwd=REPO, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert out.returncode == 1, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"error: {tmp_path}/results.json: not a run's results"), last
+  state = json.loads((tmp_path / "state.json").read_text())
+  assert state["state"] == "failed" and state["error"] == last
 
 
 def test_a_fresh_run_refuses_an_earlier_runs_checkpoints(tmp_path):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
+import launch_detached  # noqa: E402  pylint: disable=wrong-import-position
 import launch  # noqa: E402  pylint: disable=wrong-import-position
 import launch_pod  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -95,9 +96,14 @@ def test_dry_run_checks_the_fit_first_then_lists_every_command(capsys, monkeypat
   run_cmd = cmds[-1]
   assert run_cmd[5:8] == ["mypod", "--zone=us-east5-a", "--worker=all"]
   inner = shlex.split(run_cmd[8].removeprefix("--command="))
-  assert inner[:3] == ["cd", "~/dapo_jax", "&&"]
-  assert inner[3:] == ["python3", "-m", "dapo_jax.main", "--config=configs/dapo_qwen25_32b.py",
-                       "--workdir=gs://bucket/dapo32b/run"]  # the URL, never a local path
+  # detached: its own session, its own log per worker, the set-up's Python, this launch's id
+  assert inner[:7] == ["mkdir", "-p", "~/dapo_jax-logs", "&&", "cd", "~/dapo_jax", "&&"]
+  assert inner[7].startswith("DAPO_LAUNCH_ID=") and inner[8:10] == ["nohup", "setsid"]
+  assert inner[10:15] == ["~/dapo_jax-venv/bin/python", "-m", "dapo_jax.main",
+                          "--config=configs/dapo_qwen25_32b.py",
+                          "--workdir=gs://bucket/dapo32b/run"]  # the URL, never a local path
+  assert inner[15:] == [">", "~/dapo_jax-logs/run.$(hostname).log", "2>&1", "<", "/dev/null",
+                        "&"]
   assert any("a dry run does not read gs://bucket/dapo32b" in line for line in err)
 
 
@@ -163,7 +169,9 @@ def test_setup_commands_ship_the_commit_idempotently():
   # Replaced only when the worker's tree is another commit; pip then finds everything there.
   assert f'if [ "$(cat ~/dapo_jax/.commit 2>/dev/null)" != {sha} ]; then' in script
   assert f"tar -xzf {tar} -C ~/dapo_jax.new" in script and f"echo {sha} >" in script
-  assert script.endswith("python3 -m pip install --quiet -r ~/dapo_jax/requirements-tpu.txt")
+  assert "python3 -m uv venv --quiet --seed --python 3.11 ~/dapo_jax-venv" in script
+  assert script.endswith("~/dapo_jax-venv/bin/python -m pip install --quiet -r "
+                         "~/dapo_jax/requirements-tpu.txt")
 
 
 def test_setup_script_is_idempotent_in_a_shell(tmp_path):
@@ -175,7 +183,8 @@ def test_setup_script_is_idempotent_in_a_shell(tmp_path):
   pod = launch_pod.Pod("p", "z", repo_dir=str(home / "dapo_jax"))
   archive, _, ssh = launch_pod.setup_commands(pod, sha)
   subprocess.run(archive, check=True)
-  script = ssh[8].removeprefix("--command=").replace("python3 -m pip install", "echo pip")
+  script = ssh[8].removeprefix("--command=").replace("bin/python -m pip install", "bin/echo pip")
+  script = script.replace("-venv/bin/echo", "-venv/bin/python -c pass; echo")
   for _ in range(2):
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
     assert "pip --quiet -r" in out.stdout
@@ -184,6 +193,23 @@ def test_setup_script_is_idempotent_in_a_shell(tmp_path):
   (home / "dapo_jax" / "marker").write_text("kept")  # a second run leaves the tree alone
   subprocess.run(["bash", "-c", script], capture_output=True, check=True)
   assert (home / "dapo_jax" / "marker").exists()
+  assert (home / "dapo_jax-venv" / "bin" / "python").exists()  # this host's python3 is 3.11
+
+
+def test_setup_script_refuses_a_worker_without_python_311(tmp_path):
+  """A TPU VM image's python3 3.10, and no uv to be had: one `error:` line naming the worker."""
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "python3").write_text("#!/bin/sh\n[ \"$1\" = -V ] && echo 'Python 3.10.12'\nexit 1\n")
+  (fake / "python3").chmod(0o755)
+  pod = launch_pod.Pod("p", "z", repo_dir=str(tmp_path / "dapo_jax"))
+  script = launch_pod.setup_commands(pod, "0" * 40)[2][8].removeprefix("--command=")
+  script = script.split("fi; ", 1)[1]  # the tree is not the point here
+  out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+                       env=dict(os.environ, PATH=f"{fake}:/usr/bin:/bin"))
+  assert out.returncode == 1
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: no Python >= 3.11 on worker ") and "Python 3.10.12" in last
 
 
 def test_xpk_command_fields(capsys):
@@ -222,33 +248,45 @@ def _finish(workdir, steps):
 
 def test_a_pod_sweep_reports_each_run_and_resumes_the_preempted_one(tmp_path, monkeypatch,
                                                                     capsys):
-  """Three runs on one slice: the first finishes, the second is preempted (its ssh session
-  dies, exit 255, a checkpoint saved), the third is not started; the next launch skips the
-  first and resumes the second."""
+  """Three runs on one slice, each started detached and followed through its workdir: the
+  first finishes, the second saves after a SIGTERM (state.json says so), the third is not
+  started; the next launch skips the first and resumes the second."""
   seen = []
 
-  def fake_tee(cmd, log_path):
-    inner = cmd[-1]
+  def fake_start(cmd, dry, capture=False):  # the run as the workers would leave its workdir
+    del dry, capture
+    inner = shlex.split(cmd[-1].removeprefix("--command="))
     seen.append(inner)
-    wd = next(a for a in shlex.split(inner) if a.startswith("--workdir=")).split("=", 1)[1]
+    wd = next(a for a in inner if a.startswith("--workdir=")).split("=", 1)[1]
+    launch_id = next(a for a in inner if a.startswith("DAPO_LAUNCH_ID=")).split("=", 1)[1]
     if wd.endswith("_s0"):
       _finish(wd, 20)
-      return 0, ["[eval] after: ..."]
+      return ""
     os.makedirs(os.path.join(wd, "checkpoints", "5"), exist_ok=True)
-    return 255, ["Connection to 10.0.0.2 closed by remote host."]
+    with open(os.path.join(wd, "state.json"), "w", encoding="utf-8") as f:
+      json.dump({"state": "preempted", "signal": "SIGTERM", "step": 5, "launch": launch_id}, f)
+    return ""
 
-  monkeypatch.setattr(launch, "_tee", fake_tee)
+  monkeypatch.setattr(launch, "_run", fake_start)
+  monkeypatch.setattr(launch_detached, "POLL_S", 0.0)
   argv = ["--config=configs/ladder.py", "--sweep=eps_high", *POD, "--skip_fit_check",
           f"--workdir={tmp_path}", "--only=eps_high0.36_s0,eps_high0.36_s1,eps_high0.36_s2"]
   assert launch.main(argv) == 1
-  rows = capsys.readouterr().out.split("== summary ==")[1].strip().splitlines()
+  out = capsys.readouterr().out
+  rows = out.split("== summary ==")[1].strip().splitlines()
   assert [r.split()[:3] for r in rows] == [["eps_high0.36_s0", "finished", "steps"],
                                            ["eps_high0.36_s1", "preempted", "steps"],
                                            ["eps_high0.36_s2", "not", "started"]]
-  assert "saved at step 5; rerun the same launch to resume it (--resume)" in rows[1]
+  assert "SIGTERM at step 5; rerun the same launch to resume it" in rows[1]
+  assert "[pod] eps_high0.36_s1: preempted SIGTERM at step 5" in out
   assert len(seen) == 2 and "--resume" not in seen[1]
   seen.clear()
   assert launch.main(argv) == 1
   rows = capsys.readouterr().out.split("== summary ==")[1].strip().splitlines()
   assert [r.split()[1] for r in rows] == ["skipped", "preempted", "not"]
-  assert len(seen) == 1 and "eps_high0.36_s1" in seen[0] and seen[0].endswith("--resume")
+  assert len(seen) == 1 and "eps_high0.36_s1" in " ".join(seen[0]) and "--resume" in seen[0]
+  # the state of every run, read back later from the workdir alone
+  assert launch.main([*argv, "--action=status"]) == 1
+  states = [r.split()[:2] for r in capsys.readouterr().out.strip().splitlines()]
+  assert states == [["eps_high0.36_s0", "finished"], ["eps_high0.36_s1", "preempted"],
+                    ["eps_high0.36_s2", "new"]]

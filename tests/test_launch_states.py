@@ -25,6 +25,7 @@ _CHILDREN = {
                ">= 0, got -1.0', file=sys.stderr); sys.exit(1)",
     "dapo_s2": "import os; os.makedirs(os.path.join(W, 'checkpoints', '3'))",
     "dapo_s3": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+    "dapo_s4": "import os; print('step 1/4', flush=True); os.kill(os.getpid(), 9)",
 }
 
 
@@ -35,7 +36,7 @@ def test_each_outcome_is_named_in_the_summary(tmp_path, monkeypatch, capsys):
 
   monkeypatch.setattr(launch_local, "local_commands", fake_commands)
   rc = launch.main(["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={tmp_path}",
-                    "--parallel=2", "--only=dapo_s0,dapo_s1,dapo_s2,dapo_s3"])
+                    "--parallel=2", "--only=dapo_s0,dapo_s1,dapo_s2,dapo_s3,dapo_s4"])
   assert rc == 1
   rows = capsys.readouterr().out.split("== summary ==")[1].strip().splitlines()
   states = {r.split()[0]: r for r in rows}
@@ -46,6 +47,8 @@ def test_each_outcome_is_named_in_the_summary(tmp_path, monkeypatch, capsys):
       "saved at step 3; rerun the same launch to resume it (--resume)")
   assert states["dapo_s3"].split()[1] == "preempted" and states["dapo_s3"].endswith(
       "no checkpoint yet; rerun the same launch to start it again")
+  assert states["dapo_s4"].split()[1] == "failed" and states["dapo_s4"].endswith(
+      "exit -9: killed by SIGKILL")
 
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
@@ -68,9 +71,11 @@ def test_a_sigtermed_child_is_preempted_and_resumed_by_the_next_launch(tmp_path)
   argv = [sys.executable, "experiments/launch.py",
           "--config=configs/tiny_cpu.py:init=True,runlocal=True", f"--workdir={tmp_path}",
           *[f"--set={s}" for s in TINY]]
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()  # an earlier launch of this run failed: its last line stays in the log
+  (run_dir / "log.txt").write_text("error: config.algo.eps_high: must be >= 0, got -1.0\n")
   launcher = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
-  run_dir = tmp_path / "run"
   try:
     deadline = time.time() + 900
     while _train_records(run_dir / "metrics.jsonl") < 1:  # the child is training
@@ -93,6 +98,9 @@ def test_a_sigtermed_child_is_preempted_and_resumed_by_the_next_launch(tmp_path)
   row = out.split("== summary ==")[1].strip().splitlines()[0].split()
   assert row[:2] == ["run", "preempted"] and "rerun the same launch to resume it" in out, out
   assert not (run_dir / "run.lock").exists() and not (run_dir / "results.json").exists()
+  state = json.loads((run_dir / "state.json").read_text())
+  assert (state["state"], state["signal"], state["step"]) == ("preempted", "SIGTERM", 1), state
+  assert state["launch"], "the launch's id, so that a later launch reads only its own"
   again = subprocess.run(argv + ["--dry_run"], cwd=REPO, capture_output=True, text=True,
                          timeout=300, check=True)
   assert again.stdout.strip().endswith("--resume"), again.stdout

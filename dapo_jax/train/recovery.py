@@ -1,10 +1,12 @@
-"""Recovery of a run: restore from the newest intact checkpoint, and stop cleanly on SIGTERM.
+"""Recovery of a run: restore from the newest intact checkpoint, and stop cleanly on a signal.
 
-SIGTERM is a preemption notice: finish the current rollout step, save a checkpoint, exit 0. The
-handler only sets a flag; the loop reads it at each step boundary, where the state is
-consistent. The time from SIGTERM to exit is therefore at most one rollout step plus one save. A
-second SIGTERM ends the process at once (default action, exit status 143), for when that is too
-long.
+SIGTERM (a preemption notice), SIGINT (Ctrl-C) and SIGHUP (the terminal or ssh session that
+started the run went away) all mean: finish the current rollout step, save a checkpoint, stop
+(dapo_jax.main then exits with run_state.PREEMPTED_EXIT). The handler only sets a flag; the
+loop reads it at each step boundary, where the state is consistent. The time from the signal to
+exit is therefore at most one rollout step plus one save. A second signal of the same kind ends
+the process at once (its default action: exit status 128 + the signal's number), for when that
+is too long.
 """
 import os
 import signal
@@ -41,37 +43,42 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   return meta["results"], meta["metrics_records"]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class Notice:
-  """Installs the SIGTERM handler for the lifetime of the training loop (`close` removes it)."""
+  """Installs the stop-signal handlers for the lifetime of the training loop (`close` puts the
+  previous ones back). `received`: the first signal's name (SIGTERM, ...), or None."""
 
   def __init__(self):
-    self.received = False
-    self._previous = None
+    self.received: str | None = None
+    self._previous = {}
     # Python only lets the main thread set handlers; a loop run from another thread (a notebook
-    # worker) keeps the default action.
+    # worker) keeps the default actions.
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
 
   def _handle(self, signum, frame):
     del frame
-    if self.received:  # the second notice: stop now
+    name = signal.Signals(signum).name
+    if self.received == name:  # the second notice of a kind: stop now
       signal.signal(signum, signal.SIG_DFL)
       os.kill(os.getpid(), signum)
       return
-    self.received = True
+    self.received = self.received or name
     # os.write, not print: a handler may interrupt a print in progress.
-    os.write(2, b"[preempt] SIGTERM: saving a checkpoint at the end of this step, then exiting "
-                b"(a second SIGTERM exits at once)\n")
+    os.write(2, f"[preempt] {name}: saving a checkpoint at the end of this step, then exiting "
+                f"(a second {name} exits at once)\n".encode())
 
   def stop_now(self) -> bool:
-    """Whether any process got SIGTERM. A collective with several processes: every process
-    calls it at the same step boundary, so all of them save and stop together."""
+    """Whether any process got a stop signal. A collective with several processes: every
+    process calls it at the same step boundary, so all of them save and stop together."""
     if jax.process_count() == 1:
-      return self.received
-    flags = multihost_utils.process_allgather(np.int32(self.received))
+      return self.received is not None
+    flags = multihost_utils.process_allgather(np.int32(self.received is not None))
     return bool(np.any(flags))
 
   def close(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    for s, previous in self._previous.items():
+      signal.signal(s, previous)
+    self._previous = {}

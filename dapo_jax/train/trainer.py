@@ -193,8 +193,9 @@ def _log_step(run: Run, m: dict, writer, health):
 
 
 def train(run: Run, *, resume: bool) -> dict:
-  """The loop. Returns {"before": eval, "after": eval, "steps": n}. After a SIGTERM it stops at
-  the next step boundary, saves, and returns {"before": eval, "steps": n, "preempted": True}."""
+  """The loop. Returns {"before": eval, "after": eval, "steps": n}. After a stop signal
+  (SIGTERM, SIGINT, SIGHUP) it stops at the next step boundary, saves, and returns
+  {"before": eval, "steps": n, "preempted": True, "signal": its name}."""
   cfg = run.cfg
   ckpt = ckpt_lib.Checkpointer(os.path.join(run.workdir, "checkpoints"), keep=cfg.checkpoint.keep,
                                async_save=cfg.checkpoint.async_save)
@@ -226,9 +227,10 @@ def train(run: Run, *, resume: bool) -> dict:
   if ckpt.latest_step() != run.step:
     save()
   ckpt.close()
-  if run.step < cfg.train.num_steps:  # stopped by SIGTERM, with this step saved
+  if run.step < cfg.train.num_steps:  # stopped by a signal, with this step saved
     writer.close()
-    return results | {"steps": run.step, "preempted": True}
+    return results | {"steps": run.step, "preempted": True,
+                      "signal": notice.received}  # None: another process got it
   results["after"] = rounds.run_eval(run, "after")
   writer.write(run.step, results["after"], kind="eval")
   writer.close()
