@@ -27,7 +27,7 @@ import traceback
 from absl import app, flags
 from ml_collections import config_flags
 
-from dapo_jax import paths, refusals, run_state
+from dapo_jax import paths, quiet, refusals, run_state
 
 flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and the exported "
                     "policy: a local path or a bucket URL (gs://...).")
@@ -124,10 +124,13 @@ def _main(started: _Started):
   # Imports after flag parsing: config errors surface before JAX starts.
   from dapo_jax import config as config_lib, distributed  # pylint: disable=import-outside-toplevel
   cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
+  quiet.library_info_off_console()
   started.workdir = workdir = paths.as_str(FLAGS.workdir)  # a URL stays a URL
   distributed.initialize(cfg.distributed)
   started.distributed = True
   started.lock = _hold(workdir)
+  if started.lock is not None:  # process 0
+    quiet.keep_library_log(workdir)
   done = _finished(workdir, cfg.train.num_steps) if FLAGS.resume else None
   if done is not None:
     print(f"[resume] {workdir} already finished its {done['steps']} steps (results.json): "
@@ -143,7 +146,7 @@ def run_job(cfg, workdir: str, *, resume: bool, config_json: str):
   """The job in a workdir this process holds: the start checks, build, the config recorded,
   training, then the export and results (`finish`). Returns (the train.run.Run, results)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from dapo_jax import quiet, run_config  # pylint: disable=import-outside-toplevel
+  from dapo_jax import run_config  # pylint: disable=import-outside-toplevel
   start = run_config.check_start(cfg, workdir, resume=resume)
   quiet.import_tensorflow()  # before JetStream imports it: no CUDA / oneDNN start-up notices
   from dapo_jax.train import trainer  # pylint: disable=import-outside-toplevel

@@ -103,6 +103,10 @@ class MetricWriter:
       self._wandb.log(step, scalars)
     if self.progress and kind == "train":
       self._console(step, rec)
+    if self.is_main and kind == "train" and rec.get("prompts_truncated"):
+      print(f"[data] step {step}: {rec['prompts_truncated']} prompt(s) longer than "
+            f"task.max_prompt_len were cut at their start (prompts_truncated in metrics.jsonl)",
+            flush=True)
 
   def _append(self, line: str):
     if self._f is not None:

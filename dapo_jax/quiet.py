@@ -60,3 +60,30 @@ def import_tensorflow() -> None:
     return
   with filtered_stderr():
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+
+LIBRARY_LOG = "library.log"  # the libraries' INFO lines of a run, in its (local) workdir
+
+
+def library_info_off_console() -> None:
+  """The libraries' INFO lines (orbax writes ~40 a checkpoint save; JAX's backend search) off
+  the console: absl's console handler shows WARNING and above."""
+  import logging  # pylint: disable=import-outside-toplevel
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+  absl_logging.get_absl_handler().setLevel(logging.WARNING)
+
+
+def keep_library_log(workdir: str) -> str | None:
+  """Every INFO line from here on in <workdir>/library.log (process 0 of a run whose workdir is
+  local; a bucket's stay off). Returns that file's path, or None."""
+  import logging  # pylint: disable=import-outside-toplevel
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+  from dapo_jax import paths  # pylint: disable=import-outside-toplevel
+  if paths.is_url(workdir):
+    return None
+  path = os.path.join(workdir, LIBRARY_LOG)
+  handler = logging.FileHandler(path, encoding="utf-8")
+  handler.setLevel(logging.INFO)
+  handler.setFormatter(absl_logging.PythonFormatter())
+  logging.getLogger().addHandler(handler)
+  return path

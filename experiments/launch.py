@@ -282,7 +282,7 @@ def launch_xpk(args, runs: list[RunSpec]) -> dict:
         max_restarts=args.max_restarts)
     _run(cmd, dry=args.dry_run)
     outcomes[run.name] = Outcome("submitted", f"xpk workload list --cluster={args.cluster} "
-                                 f"shows {launch_pod.workload_name(run.name)}; rerun the launch "
+                                 f"shows {launch_pod.workload_name(run)}; rerun the launch "
                                  f"to read its results")
   return {} if args.dry_run else outcomes
 

@@ -135,9 +135,12 @@ def tpu_pod_command(run: RunSpec, pod: Pod, *, launch_id: str) -> list[str]:
   return pod.gcloud("tpu-vm ssh", pod.tpu_name, flags=("--worker=all", f"--command={script}"))
 
 
-def workload_name(run_name: str) -> str:
-  """xpk's workload name for a run: [a-z]([-a-z0-9]*[a-z0-9])?, at most 40 characters."""
-  name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+def workload_name(run: RunSpec) -> str:
+  """xpk's workload name for a run: its config file's name and the run's, as
+  [a-z]([-a-z0-9]*[a-z0-9])?, at most 40 characters (a sweep-less config's one run is not just
+  `run`: configs/dapo_qwen25_32b.py gives dapo-qwen25-32b-run)."""
+  stem = os.path.splitext(os.path.basename(run.config_arg.partition(":")[0]))[0]
+  name = re.sub(r"[^a-z0-9-]+", "-", f"{stem}-{run.name}".lower()).strip("-")
   name = ("r-" + name if not name[:1].isalpha() else name)[:40].rstrip("-")
   return name
 
@@ -152,7 +155,7 @@ def xpk_command(run: RunSpec, *, cluster: str, accelerator_type: str, image: str
   inner = ["python3", "-m", "pip", "install", "--quiet", "-r", "requirements-tpu.txt", "&&",
            *inner, *([] if "--resume" in inner else ["--resume"])]
   cmd = ["xpk", "workload", "create", f"--cluster={cluster}",
-         f"--workload={workload_name(run.name)}", f"--tpu-type={accelerator_type}",
+         f"--workload={workload_name(run)}", f"--tpu-type={accelerator_type}",
          "--num-slices=1", f"--base-docker-image={image}", f"--script-dir={REPO}",
          f"--max-restarts={max_restarts}",
          f"--command={' '.join(a if a == '&&' else shlex.quote(a) for a in inner)}"]

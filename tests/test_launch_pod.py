@@ -222,7 +222,7 @@ def test_xpk_command_fields(capsys):
   assert cmd[:3] == ["xpk", "workload", "create"]
   flags = dict(a.split("=", 1) for a in cmd[3:])
   assert flags == {
-      "--cluster": "c1", "--workload": "eps-high0-36-s0", "--tpu-type": "v5p-128",
+      "--cluster": "c1", "--workload": "ladder-eps-high0-36-s0", "--tpu-type": "v5p-128",
       "--num-slices": "1", "--base-docker-image": "python:3.11", "--script-dir": launch.REPO,
       "--max-restarts": "3", "--command": flags["--command"], "--zone": "us-east5-a",
       "--project": "proj"}
@@ -235,9 +235,12 @@ def test_xpk_command_fields(capsys):
 
 
 def test_workload_names_follow_xpk_rules():
-  assert launch_pod.workload_name("eps_high0.36_s0") == "eps-high0-36-s0"
-  assert launch_pod.workload_name("0abc") == "r-0abc"
-  assert len(launch_pod.workload_name("x" * 60)) == 40
+  name = lambda config, run: launch_pod.workload_name(  # noqa: E731
+      launch.RunSpec(run, config, {}, "gs://b/x"))
+  assert name("configs/ladder.py:base=tiny", "eps_high0.36_s0") == "ladder-eps-high0-36-s0"
+  assert name("configs/dapo_qwen25_32b.py", "run") == "dapo-qwen25-32b-run"
+  assert name("configs/0x.py", "run") == "r-0x-run"
+  assert len(name("configs/ladder.py", "x" * 60)) == 40
 
 
 def _finish(workdir, steps):

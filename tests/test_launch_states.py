@@ -101,6 +101,12 @@ def test_a_sigtermed_child_is_preempted_and_resumed_by_the_next_launch(tmp_path)
   state = json.loads((run_dir / "state.json").read_text())
   assert (state["state"], state["signal"], state["step"]) == ("preempted", "SIGTERM", 1), state
   assert state["launch"], "the launch's id, so that a later launch reads only its own"
+  # The run's console: its progress lines and a few more; orbax's INFO lines (~40 a save, one
+  # save a step here) went to library.log
+  console = (run_dir / "log.txt").read_text().splitlines()[1:]  # after the earlier launch's
+  others = [ln for ln in console if "] step " not in ln]
+  assert len(others) <= 30 and not any(ln.startswith(("I1", "I0")) for ln in console), others
+  assert "checkpoint" in (run_dir / "library.log").read_text()
   again = subprocess.run(argv + ["--dry_run"], cwd=REPO, capture_output=True, text=True,
                          timeout=300, check=True)
   assert again.stdout.strip().endswith("--resume"), again.stdout
