@@ -44,6 +44,7 @@ class RandomPrompts:
   def __init__(self, n: int, length: int, vocab: int, seed: int = 0):
     self.n, self.length, self.vocab = n, length, vocab
     self.rng = np.random.default_rng(seed)
+    self.num_truncated = 0  # PromptIterator's count of prompts cut (none here: fixed length)
 
   def __next__(self):
     ids = self.rng.integers(4, self.vocab, size=(self.n, self.length))

@@ -26,7 +26,8 @@ def bench_config(model_dir: str, *, rows: int, seq: int, group: int = 16,
   """The trainer's Config for these benchmarks: configs/tiny_cpu.py with the model at
   `model_dir`, one mini-batch of `rows` sequences of `seq` tokens (prompt_len of them the
   prompt; default a quarter) in gradient-accumulation slices of `micro_batch` sequences (None:
-  one slice; the same update either way), the issue's loss settings."""
+  one slice; the same update either way), the peers' loss settings (clip 0.2 / 0.28, token-mean,
+  no KL, no overlong shaping)."""
   from configs import tiny_cpu  # pylint: disable=g-import-not-at-top
   from dapo_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   c = tiny_cpu.get_config()
@@ -71,7 +72,7 @@ def build_run(model_dir: str, *, rows: int, seq: int, scan_layers=None, group: i
 
 def random_rows(vocab: int, rows: int, seq: int, seed: int = 0):
   """A full-length MiniBatch of random tokens, advantages +-1 (old log-probs filled in later)."""
-  from dapo_jax.train.train_step import MiniBatch  # pylint: disable=g-import-not-at-top
+  from dapo_jax.train.batch import MiniBatch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   ones = np.ones((rows, seq), np.float32)
   return MiniBatch(tokens_BxS=rng.integers(4, vocab, size=(rows, seq)).astype(np.int32),

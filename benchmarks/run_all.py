@@ -1,5 +1,6 @@
-"""Every issue-14 figure in one command: each side in its own process, one process at a time,
-sides interleaved (A, B, A, B, ...), `--procs` processes per side, medians and ranges.
+"""Every figure of the peer comparison (docs/performance.md) in one command: each side in its
+own process, one process at a time, sides interleaved (A, B, A, B, ...), `--procs` processes per
+side, medians and ranges.
 
     python benchmarks/run_all.py --json=perf.json [--peer_python=/tmp/peer_venv/bin/python]
         [--models=tiny,small] [--procs=3] [--skip=rl_step]
@@ -7,9 +8,9 @@ sides interleaved (A, B, A, B, ...), `--procs` processes per side, medians and r
 Makes the random models (benchmarks/bench_common.py) under --workdir, then runs: the matmul
 peak (bench_matmul.py), the sampler (bench_sampler.py vs peers/hf_generate.py), the update
 (bench_update.py vs peers/torch_update.py) and one RL step (bench_rl_step.py vs
-peers/trl_step.py, TRL's GRPOTrainer at the issue's setting). Peers run only
-with --peer_python (a venv holding requirements-bench.txt). Prints a table of medians, the
-load average before and after, and writes everything as JSON.
+peers/trl_step.py, TRL's GRPOTrainer at the same setting: 16 prompts x 16 samples, 64 + 128
+tokens, one update). Peers run only with --peer_python (a venv holding requirements-bench.txt).
+Prints a table of medians, the load average before and after, and writes everything as JSON.
 """
 import argparse
 import json

@@ -20,7 +20,8 @@ from configs.base import base_config, parse_arg
 
 
 def get_config(arg=None):
-  # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (verl issues 795, 1643).
+  # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (docs/scale.md;
+  # https://github.com/volcengine/verl/issues/795, https://github.com/volcengine/verl/issues/1643).
   opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375)
   c = base_config()
   c.model.source = "hf"                 # Qwen2.5-32B base: an HF checkpoint directory or gs:// URL

@@ -21,7 +21,7 @@ COMMAND (the whole ladder x 5 seeds on this machine, then the eps_high and L_cac
       --workdir=runs/ladder --sweep=ladder
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/sweeps --sweep=eps_high,l_cache
-COMMAND (issue 16's ablations: the difficulty pre-filter and the adaptive overlong ramp, on):
+COMMAND (ablations beyond the paper: the difficulty pre-filter and the adaptive overlong ramp, on):
   python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=2 \
       --workdir=runs/beyond --sweep=beyond
 COMMAND (the difficulty pre-filter where prompts recur: a 120-prompt pool; off, on, on with margin 0.1):

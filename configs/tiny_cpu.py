@@ -3,7 +3,7 @@
 COMMAND:
   python -m dapo_jax.main --config=configs/tiny_cpu.py --workdir=runs/tiny_cpu
 EXPECTED: ~4-6 min on 2 CPU cores (the machine's speed varies); held-out avg@16
-  34.7% -> 55.3% (+20.6 points, 95% CIs in README).
+  34.7% -> 55.3% (+20.6 points, 95% CIs in docs/recipes.md).
   Variant for CI and smoke tests (about a minute):
   python -m dapo_jax.main --config=configs/tiny_cpu.py:runlocal=True --workdir=runs/tiny_smoke
 """

@@ -25,7 +25,7 @@ another, and a preempted run stops the sweep (the next launch resumes it). --act
 reads every run's state from its workdir, from any machine; --action=stop sends its processes
 SIGTERM (they save at the end of the step).
 
-A campaign kept across sessions (local backends): --results_dir=DIR skips every run whose
+A campaign kept over several launches (local backends): --results_dir=DIR skips every run whose
 results.json is in DIR/<run name>/ and copies each finished run's small logs there (top-level
 files up to 1 MiB, never checkpoints); --stop_at (with --run_minutes) starts no run that could
 not finish by then:

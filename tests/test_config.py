@@ -181,7 +181,7 @@ def test_loss_mode_sweep_runs_each_mode_at_its_own_clip_range():
     ("distributed.num_processes", 0, "distributed.num_processes"),
 ])
 def test_range_checks_name_the_field(path, value, msg):
-  """Issue 15 item 6: every field range-checked at parse time, before JAX starts."""
+  """Every field is range-checked at parse time, before JAX starts."""
   c = _tiny()
   if "." in path:
     *sections, key = path.split(".")

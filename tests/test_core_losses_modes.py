@@ -109,7 +109,8 @@ def test_gspo_equals_gspo_token_for_sequence_advantages():
 
 
 def test_sequence_level_losses_are_not_scaled_by_length():
-  """TRL #3823: GSPO's per-sequence loss must not grow with the sequence's length."""
+  """GSPO's per-sequence loss must not grow with the sequence's length
+  (https://github.com/huggingface/trl/issues/3823)."""
   adv = jnp.array([1.0, 1.0])
   mask = jnp.array([[1.0] + [0.0] * 9, [1.0] * 10])  # lengths 1 and 10, same log-ratio
   logp, old = jnp.full((2, 10), -1.0), jnp.full((2, 10), -1.02)

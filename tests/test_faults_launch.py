@@ -1,4 +1,4 @@
-"""The launcher takes every --config form dapo_jax.main takes (issue 15, item 6)."""
+"""The launcher takes every --config form dapo_jax.main takes."""
 import os
 import sys
 

@@ -1,4 +1,4 @@
-"""The issue-14 fast paths compute what the plain ones do: unrolled vs scanned layers, decode
+"""The decode and update fast paths compute what the plain ones do: unrolled vs scanned layers, decode
 on a per-layer vs stacked cache, and live-prefix attention buckets vs the whole cache."""
 import dataclasses
 

@@ -53,7 +53,7 @@ ACCEPTED = {
                          ("Answer: \\text{Evelyn}", "\\text{evelyn}"), ("Answer: 1, -2", "1,-2")],
 }
 
-# Must score −1; ground truth 42 unless given. Issue 19's gaming strings come first.
+# Must score −1; ground truth 42 unless given. Strings that try to game the verifier come first.
 REJECTED = [
     ("Answer: x = 3 or x = 42", "42"), ("Answer: 41, y = 42", "42"), ("Answer: 3 = 42", "42"),
     ("Answer: 4 2", "42"), ("Answer: 42.5", "42"), ("Answer: 41 42", "42"),

@@ -1,12 +1,12 @@
 """Pins `sample_groups`' tokens and log-probs for fixed seeds, so speed work on the decode path
-(issue 14) cannot silently change what the sampler draws.
+cannot silently change what the sampler draws.
 
 The constants below were generated with the implementation of commit 2d79f42 (before the
-issue-14 decode changes: layer scan, full-cache attention, [L, B, S, Kv, Hd] cache), by running
+decode speed changes: layer scan, full-cache attention, [L, B, S, Kv, Hd] cache), by running
 exactly `_sample` below and printing the outputs (log-probs rounded to 6 decimals).
 Tokens must match exactly; log-probs to 1e-4 (a different float32 reduction order is allowed).
 Both decode layer loops are pinned: per-layer (CPU's default) and scanned (accelerators'), with
-the dense cache and with the paged one (issue 11: pages of 4 tokens; same tokens and log-probs).
+the dense cache and with the paged one (pages of 4 tokens; same tokens and log-probs).
 """
 import jax
 import numpy as np

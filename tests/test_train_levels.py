@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dapo_jax.data import synthetic, template
-from dapo_jax.train import dynamic_sampling, levels, trainer
+from dapo_jax.train import collector, dynamic_sampling, levels, trainer
 from dapo_jax.train import pipeline as pipeline_lib
 from tests.test_train_dynamic_sampling import _groups
 from tests.test_trainer import _records, fake_rewards, tiny_config  # noqa: F401  (autouse)
@@ -52,7 +52,7 @@ def test_tasks_without_a_level_mix_log_nothing():
 def test_trainer_logs_accuracy_per_level(tmp_path):
   cfg = tiny_config(**{"task.difficulty": 2, "task.difficulty_max": 3, "train.num_steps": 1})
   run = trainer.build(cfg, str(tmp_path), resume=False)
-  _, summary = trainer.collect(run)
+  _, summary = collector.collect(run)
   n2, n3 = summary["gen_groups_level2"], summary["gen_groups_level3"]
   assert n2 + n3 == summary["prompts_sampled"] and n2 > 0 and n3 > 0
   # the levels partition every generated response: their weighted accuracy is gen_accuracy
@@ -65,7 +65,7 @@ def test_trainer_logs_accuracy_per_level(tmp_path):
 
 def test_pipelined_loop_logs_levels_too(tmp_path):
   """The asynchronous loop's batches carry the per-level tally: the levels partition the
-  step's generated groups (the wiring in pipeline.Pipeline, not only in trainer.collect)."""
+  step's generated groups (the wiring in pipeline.Pipeline, not only in collector.collect)."""
   cfg = tiny_config(**{"task.difficulty": 2, "task.difficulty_max": 3, "train.num_steps": 1})
   run = trainer.build(cfg, str(tmp_path), resume=False)
   run.pipeline = pipeline_lib.Pipeline(run)

@@ -15,7 +15,8 @@ from dapo_jax.core import losses
 from dapo_jax.models.qwen2 import ModelConfig, Qwen2
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.objective import logprobs
-from dapo_jax.train.train_step import MiniBatch, train_step
+from dapo_jax.train.batch import MiniBatch
+from dapo_jax.train.train_step import train_step
 from tests import reference_impl
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

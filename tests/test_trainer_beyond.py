@@ -1,4 +1,5 @@
-"""Trainer wiring of issue 16's switches: adaptive Eq. 13 ramp, reflection tracker, pre-filter."""
+"""Trainer wiring of the switches beyond the paper: adaptive Eq. 13 ramp, reflection tracker,
+pre-filter."""
 import dataclasses
 import math
 import types
@@ -9,7 +10,7 @@ import pytest
 from dapo_jax import rewards
 from dapo_jax.core import overlong
 from dapo_jax.rewards import reflection
-from dapo_jax.train import prefilter, recovery, rounds, trainer
+from dapo_jax.train import collector, prefilter, recovery, rounds, trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
 
@@ -25,7 +26,7 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
                                      "log.reflection_phrases": phrases}), str(tmp_path),
                       resume=False)
   a, max_len = run.cfg.algo, run.cfg.rollout.max_new_tokens
-  batch0, summary0 = trainer.collect(run)
+  batch0, summary0 = collector.collect(run)
   assert summary0["overlong_cache_len"] == a.overlong_cache_len  # no history yet: the fixed one
   step0 = np.concatenate([x.ravel() for x in run.length_history[0]])
   assert step0.size == summary0["prompts_sampled"] * run.cfg.rollout.group_size  # every round
@@ -43,7 +44,7 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   run.cfg = dataclasses.replace(run.cfg, algo=dataclasses.replace(
       a, overlong_adaptive_percentile=float(p)))
   run.step = 1
-  batch1, summary1 = trainer.collect(run)
+  batch1, summary1 = collector.collect(run)
   assert summary1["overlong_cache_len"] == want[p]
   penalty = overlong.soft_overlong_penalty(batch1.lengths, max_len=max_len, cache_len=want[p],
                                            factor=a.overlong_factor)

@@ -1,8 +1,8 @@
 """The trainer's wiring, phase by phase: what reaches the loss, and what reaches the sampler.
 
-Each test here is aimed at a bug that the end-to-end tests cannot see at a tiny model's scale
-(issue: "tests that bite"): advantages of the verifier score instead of the shaped reward, a
-sampler that keeps its initial weights, an Eq. 13 ramp off by one token.
+Each test here is aimed at a bug that the end-to-end tests cannot see at a tiny model's scale:
+advantages of the verifier score instead of the shaped reward, a sampler that keeps its initial
+weights, an Eq. 13 ramp off by one token.
 """
 import types
 
@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from dapo_jax.train import groups as groups_lib
-from dapo_jax.train import train_step, trainer
+from dapo_jax.train import batch as batch_lib, collector, trainer
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
 # A learning rate at which one update visibly moves the weights and the sampled tokens.
@@ -181,10 +181,10 @@ def test_one_update_per_step_takes_old_logprobs_from_its_own_forward(tmp_path):
   """train.num_minibatches = 1: prepare runs no log-prob pass, and the update (with its entropy
   and token-probability metrics) equals the one fed by the separate pass."""
   cfg = tiny_config(**{"train.num_minibatches": 1})
-  assert train_step.on_policy_update(cfg)
-  assert not train_step.on_policy_update(tiny_config())  # 2+ updates: later ones are off-policy
+  assert batch_lib.on_policy_update(cfg)
+  assert not batch_lib.on_policy_update(tiny_config())  # 2+ updates: later ones are off-policy
   run = trainer.build(cfg, str(tmp_path), resume=False)
-  batch, _ = trainer.collect(run)
+  batch, _ = collector.collect(run)
   fused, separate = trainer.prepare(run, batch), trainer.prepare(run, batch, separate_pass=True)
   assert fused.logp_BxS is None and fused.batch.on_policy and not separate.batch.on_policy
   step_fn = trainer.jitted_update(run)

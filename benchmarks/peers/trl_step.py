@@ -1,5 +1,6 @@
 """Peer of bench_rl_step.py: TRL's `GRPOTrainer(loss_type="dapo")` on the same model, at the
-issue-14 setting. Run with the peer venv (requirements-bench.txt), never inside a JAX process:
+setting of the RL-step comparison (docs/performance.md). Run with the peer venv
+(requirements-bench.txt), never inside a JAX process:
 
     /tmp/peer_venv/bin/python benchmarks/peers/trl_step.py --model=HF_DIR --prompts=16 \
         --group=16 --prompt_len=64 --new=128 --steps=4 --json=F
@@ -8,7 +9,7 @@ issue-14 setting. Run with the peer venv (requirements-bench.txt), never inside 
 they tokenize back to exactly `prompt_len` ids), `--group` samples each, exactly `new` tokens
 per sample (`min_new_tokens`), reward +1 if token id 7 appears in the completion else -1, eps
 0.2 / 0.28, no KL (beta 0), one update on all sequences (per-device batch = prompts x group, the
-issue's setting; `--micro_batch=M` accumulates it over slices of M instead), lr 1e-6, fp32, no
+comparison's setting; `--micro_batch=M` accumulates it over slices of M), lr 1e-6, fp32, no
 vLLM, CPU (`--device=cuda`: the GPU, with the allocator's peak as `peak_bytes`). F holds
 {"step_s": median of steps 2.., "phases": {"generate", "rest"}}: `generate` is the time inside
 the model's `generate`, `rest` the step's remainder (reward, log-probs, the update; TRL's
@@ -60,7 +61,7 @@ def load(args):
 
 
 def grpo_config(args, rows: int):
-  """TRL's GRPOConfig at the issue-14 setting (one update on all `rows` sequences)."""
+  """TRL's GRPOConfig at the comparison's setting (one update on all `rows` sequences)."""
   import tempfile  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
   return trl.GRPOConfig(

@@ -18,6 +18,7 @@ from dapo_jax.aot import shapes
 from dapo_jax.config import Config
 from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
 from dapo_jax.train import logprob_pass, placement, setup
+from dapo_jax.train import batch as batch_lib
 from dapo_jax.train import train_step as train_step_lib
 
 
@@ -64,7 +65,7 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
     return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=dsh)
 
   moe_shape = (len(mcfg.moe_layers), mcfg.num_experts_per_tok)
-  minibatch = train_step_lib.abstract_minibatch(cfg, dsh, moe_shape)
+  minibatch = batch_lib.abstract_minibatch(cfg, dsh, moe_shape)
   replay = (arr(rows, jnp.int16, t, *moe_shape),) if cfg.model.routing_replay else ()
   step = train_step_lib.jit_train_step(cfg, graphdef=model.graphdef, optimizer=optimizer,
                                        mesh=mesh,

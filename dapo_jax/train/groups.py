@@ -6,7 +6,7 @@ import numpy as np
 
 from dapo_jax import rewards
 from dapo_jax.core import overlong
-from dapo_jax.train.train_step import MiniBatch
+from dapo_jax.train.batch import MiniBatch
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ from dapo_jax import sharding
 from dapo_jax.config import Config
 from dapo_jax.train import multihost, packing
 from dapo_jax.train.objective import logprobs
-from dapo_jax.train.train_step import MiniBatch
+from dapo_jax.train.batch import MiniBatch
 
 
 def plans(cfg: Config, batch: MiniBatch) -> packing.PackPlan:

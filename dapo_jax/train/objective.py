@@ -24,14 +24,7 @@ from dapo_jax.core import losses, offpolicy, stats
 from dapo_jax.core.losses import PolicyLossStats
 from dapo_jax.models.qwen2 import routed_token_logprobs
 from dapo_jax.train import packing
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class TokenStats:
-  """Per-token outputs of an on-policy update's forward ([B, S], 0 off the sequences)."""
-  logp_BxS: Any
-  entropy_BxS: Any
+from dapo_jax.train.batch import TokenStats
 
 
 @jax.tree_util.register_dataclass

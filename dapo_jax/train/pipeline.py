@@ -23,15 +23,14 @@ resumed run samples those batches again, with the checkpoint's weights.
 """
 import collections
 import dataclasses
-import functools
 import time
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from dapo_jax import rewards
-from dapo_jax.train import dynamic_sampling, levels, multihost, rounds
+from dapo_jax.train import multihost
+from dapo_jax.train.collector import Collector
 from dapo_jax.train.groups import Groups
 from dapo_jax.train.run import Run
 
@@ -40,20 +39,9 @@ from dapo_jax.train.run import Run
 class Collected:
   """A kept batch waiting for the step that trains it."""
   groups: Groups
-  summary: dict           # dynamic sampling's summary over its rounds, with rounds.batch_extras
+  summary: dict           # the batch's metrics (Collector.result)
   step: int               # the step that trains it
   data_state: dict        # the prompt iterator before its first round (a resume restarts there)
-
-
-@dataclasses.dataclass
-class _Filling:
-  """The batch under way: its rounds so far."""
-  filler: dynamic_sampling.BatchFiller
-  step: int
-  data_state: dict
-  errors_before: int
-  truncated_before: int
-  tally: levels.LevelTally  # accuracy per difficulty level over the batch's rounds
 
 
 class Pipeline:
@@ -63,7 +51,7 @@ class Pipeline:
     rollout = run.cfg.rollout
     self.k, self.partial = rollout.max_staleness, rollout.partial and not multihost.is_multi()
     self.buffer: collections.deque[Collected] = collections.deque()
-    self.filling: _Filling | None = None
+    self.filling: Collector | None = None  # the batch under way
     self.next_step = run.step          # the step the next batch started is for
     self.in_flight: int | None = None  # the policy version the running update produces
     self.update_end: float | None = None
@@ -120,27 +108,16 @@ class Pipeline:
 
   def _round(self, run: Run) -> None:
     """One generation round of the batch under way (a new one if none is)."""
-    cfg = run.cfg
     if self.filling is None:
-      step, algo = self.next_step, cfg.algo
+      self.filling = Collector.start(run, self.next_step,
+                                     between_chunks=self._between_chunks(run))
       self.next_step += 1
-      tally = levels.for_run(cfg, run.task.decode)
-      generate = functools.partial(rounds.generate_round, run, step=step,
-                                   between_chunks=self._between_chunks(run))
-      filler = dynamic_sampling.BatchFiller(
-          tally.wrap(generate), batch_size=cfg.train.batch_size,
-          gen_batch_size=algo.gen_batch_size, max_gen_rounds=algo.max_gen_rounds,
-          dynamic=algo.dynamic_sampling)
-      self.filling = _Filling(filler, step, run.data.state(), rewards.verifier_errors(),
-                              run.data.num_truncated, tally)
     t0 = time.perf_counter()
-    self.filling.filler.round()
+    self.filling.round()
     self.times["rollout"] += time.perf_counter() - t0
     f = self.filling
-    if f.filler.done:
-      batch, summary, _ = f.filler.result()
-      summary = (summary | rounds.batch_extras(run, batch, f.errors_before, f.truncated_before)
-                 | f.tally.metrics())
+    if f.done:
+      batch, summary = f.result(run)
       self.buffer.append(Collected(batch, summary, f.step, f.data_state))
       self.filling = None
 

@@ -1,7 +1,7 @@
 """The DAPO loop, top to bottom: `train` runs `rollout_step` until num_steps, then evaluates.
 
   rollout_step = collect -> prepare -> update -> sync          (rollout.max_staleness = 0)
-    collect   prompts -> sample_groups (G each) -> verifier reward + Eq. 13 overlong penalty
+    collect   (train/collector.py) prompts -> sample_groups (G each) -> verifier reward + Eq. 13 overlong penalty
               -> dynamic sampling (keep 0 < #correct < G, over-generate in rounds)
     prepare   group advantages of the shaped reward -> [prompt][response] rows (overlong
               filter in the loss mask) -> each mini-batch packed (train.packing) -> old (and
@@ -18,7 +18,6 @@
 Every DAPO technique is a config switch, so naive GRPO and each Table-1 rung run this same loop.
 """
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -28,22 +27,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from dapo_jax import metrics as metrics_lib
-from dapo_jax import rewards, sharding
+from dapo_jax import sharding
 from dapo_jax.core import advantages, overlong
 from dapo_jax.train import checkpoint as ckpt_lib
-from dapo_jax.train import dynamic_sampling, groups as groups_lib, logprob_pass, multihost
+from dapo_jax.train import collector as collector_lib
+from dapo_jax.train import groups as groups_lib, logprob_pass, multihost
 from dapo_jax.train import pipeline as pipeline_lib
-from dapo_jax.train import levels, recovery, rounds
-from dapo_jax.train import train_step as train_step_lib
+from dapo_jax.train import recovery, rounds
 from dapo_jax.train.run import Run, build, jitted_update  # noqa: F401  (the loop's entry points)
-from dapo_jax.train.train_step import MiniBatch
+from dapo_jax.train.batch import MiniBatch, on_policy_update
 
 
 class TooManyBadSteps(RuntimeError):
   """K consecutive rollout steps whose updates were all non-finite (and skipped)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Prepared:
   """A kept batch laid out for the update: every mini-batch's rows (host arrays, rows n·G + g)."""
   batch: MiniBatch
@@ -55,23 +54,9 @@ class Prepared:
   entropy_BxS: np.ndarray | None  # on-policy update computes them)
 
 
-def collect(run: Run) -> tuple[groups_lib.Groups, dict]:
-  """Sample and score groups; with dynamic sampling keep only mixed ones (DAPO §3.2)."""
-  algo = run.cfg.algo
-  errors_before = rewards.verifier_errors()
-  truncated_before = run.data.num_truncated
-  tally = levels.for_run(run.cfg, run.task.decode)  # accuracy per difficulty level
-  batch, summary, _ = dynamic_sampling.fill_batch(
-      tally.wrap(functools.partial(rounds.generate_round, run)),
-      batch_size=run.cfg.train.batch_size, gen_batch_size=algo.gen_batch_size,
-      max_gen_rounds=algo.max_gen_rounds, dynamic=algo.dynamic_sampling)
-  return batch, (summary | rounds.batch_extras(run, batch, errors_before, truncated_before)
-                 | tally.metrics())
-
-
 def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) -> Prepared:
   """Group advantages of the shaped reward, the row layout and packing plans, old (and
-  reference) log-probs. With `train_step.on_policy_update(cfg)` the old log-probs are left to
+  reference) log-probs. With `batch.on_policy_update(cfg)` the old log-probs are left to
   the update's own forward, unless `separate_pass` (e.g. to measure a base's entropy without
   updating it)."""
   cfg, algo = run.cfg, run.cfg.algo
@@ -81,7 +66,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
                                               overlong_filter=algo.overlong_filter)
   rows = logprob_pass.with_plans(cfg, rows)
   logp = entropy = None
-  if separate_pass or not train_step_lib.on_policy_update(cfg):
+  if separate_pass or not on_policy_update(cfg):
     logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, rows,
                                                   with_entropy=True)
   if algo.old_logp_source == "sampler":
@@ -125,7 +110,7 @@ def rollout_step(run: Run, step_fn) -> dict:
   Returns the step's metrics (host floats)."""
   timer = metrics_lib.PhaseTimer()
   with timer("rollout"):
-    batch, sampling_summary = collect(run)
+    batch, sampling_summary = collector_lib.collect(run)
   with timer("prepare"):
     prep = prepare(run, batch)
   # Real tokens / positions the update computes (1 = no padding; train.packing raises it).
@@ -162,7 +147,8 @@ def pipelined_step(run: Run, step_fn) -> dict:
 def _finish(run: Run, batch, prep: Prepared, step_metrics, tokens, summary, timer) -> dict:
   """The step's record from host values; counts steps whose every update was skipped."""
   if prep.logp_BxS is None:  # on-policy: the one update's forward gave them
-    prep.logp_BxS, prep.entropy_BxS = tokens[0].logp_BxS, tokens[0].entropy_BxS
+    prep = dataclasses.replace(prep, logp_BxS=tokens[0].logp_BxS,
+                               entropy_BxS=tokens[0].entropy_BxS)
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
   return metrics_lib.rollout_metrics(batch, prep, step_metrics, summary, timer,
