@@ -64,10 +64,11 @@ def build(args):
                                   micro_batch=args.micro_batch)
   import tempfile  # pylint: disable=g-import-not-at-top
   run = trainer.build(cfg, tempfile.mkdtemp(prefix="bench_rl_"), resume=False)
-  run.data = RandomPrompts(args.prompts, args.prompt_len, run.model_config.vocab_size)
   # No EOS (every sample runs `new` tokens); responses read as their ids for the reward.
-  run.task = dataclasses.replace(run.task, eos_ids=())
-  run.task.decode = lambda rows: [" ".join(map(str, r)) for r in rows]
+  task = dataclasses.replace(run.task, eos_ids=())
+  task.decode = lambda rows: [" ".join(map(str, r)) for r in rows]
+  run = dataclasses.replace(run, task=task, data=RandomPrompts(
+      args.prompts, args.prompt_len, run.model.model_config.vocab_size))
   return run, trainer
 
 
@@ -88,7 +89,7 @@ def main():
     t0 = time.perf_counter()
     m = trainer.rollout_step(run, step_fn)
     steps.append(time.perf_counter() - t0)
-    run.step += 1
+    run.loop.step += 1
     ph = {k[len("time_"):-len("_s")]: float(v) for k, v in m.items()
           if k.startswith("time_") and k.endswith("_s") and k != "time_step_s"}
     ph["host"] = steps[-1] - sum(ph.values())

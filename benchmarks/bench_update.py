@@ -86,11 +86,12 @@ def run(args) -> dict:
   from dapo_jax.train import logprob_pass, trainer  # pylint: disable=g-import-not-at-top
   r = build_run(args.model, rows=args.batch, seq=args.seq, scan_layers=args.scan_layers,
                 micro_batch=args.micro_batch, model_overrides=args.model_override)
-  batch = random_rows(r.model_config.vocab_size, args.batch, args.seq)
+  batch = random_rows(r.model.model_config.vocab_size, args.batch, args.seq)
   segments = batch.attn_mask_BxS.astype(np.int32)  # one sequence per row
   positions = np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))
   logp_fn = lambda: logprob_pass.logprob_fn(
-      r.state.params, batch.tokens_BxS, segments, positions, graphdef=r.graphdef, mesh=r.mesh,
+      r.loop.state.params, batch.tokens_BxS, segments, positions, graphdef=r.model.graphdef,
+      mesh=r.mesh,
       temperature=r.cfg.rollout.temperature, with_entropy=True)
   logp_fn()
   lp_times = [common.timed(logp_fn)[1] for _ in range(args.reps)]
@@ -99,8 +100,8 @@ def run(args) -> dict:
   load0, times, cpu = common.loadavg(), [], []
   for _ in range(args.reps + 1):  # the first is the warm-up (compilation)
     t0, c0 = time.perf_counter(), time.process_time()
-    r.state, m, _ = step_fn(r.state, batch)
-    jax.block_until_ready((r.state, m))
+    r.loop.state, m, _ = step_fn(r.loop.state, batch)
+    jax.block_until_ready((r.loop.state, m))
     times.append(time.perf_counter() - t0)
     cpu.append(time.process_time() - c0)
   tokens = args.batch * args.seq
@@ -109,7 +110,7 @@ def run(args) -> dict:
   return dict(side="dapo_jax update", tok_per_s=tokens / s["median"], update_s=s,
               cpu_s=common.summary(cpu[1:]),
               logprob_tok_per_s=tokens / lp["median"], logprob_s=lp,
-              scan_layers=r.model_config.scan_layers, loadavg_before=load0,
+              scan_layers=r.model.model_config.scan_layers, loadavg_before=load0,
               loadavg_after=common.loadavg(),
               skipped=float(m["skipped"]),
               setting=dict(batch=args.batch, seq=args.seq, micro_batch=args.micro_batch),

@@ -11,63 +11,10 @@ import typing
 from typing import Any, Mapping
 
 from dapo_jax import config_checks
-from dapo_jax.config_sections import (  # noqa: F401  (re-exported: config.ModelCfg etc.)
-    AlgoCfg, CheckpointCfg, DistributedCfg, EvalCfg, LogCfg, MeshCfg, ModelCfg, ModeParams,
-    OptimCfg, RolloutCfg, TaskCfg, TrainCfg, WarmStartCfg)
+from dapo_jax.config_sections import (  # noqa: F401  (re-exported: config.Config etc.)
+    AlgoCfg, CheckpointCfg, Config, DistributedCfg, EvalCfg, LogCfg, MeshCfg, ModelCfg,
+    ModeParams, OptimCfg, RolloutCfg, TaskCfg, TrainCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  seed: int
-  model: ModelCfg
-  task: TaskCfg
-  warm_start: WarmStartCfg
-  rollout: RolloutCfg
-  algo: AlgoCfg
-  train: TrainCfg
-  optim: OptimCfg
-  eval: EvalCfg
-  mesh: MeshCfg
-  checkpoint: CheckpointCfg
-  log: LogCfg
-  distributed: DistributedCfg
-
-  @property
-  def seq_len(self) -> int:
-    """Tokens per training row: prompt + generation budget."""
-    return self.task.max_prompt_len + self.rollout.max_new_tokens
-
-  @property
-  def minibatch_prompts(self) -> int:
-    return self.train.batch_size // self.train.num_minibatches
-
-  @property
-  def minibatch_seqs(self) -> int:
-    """Sequences per optimizer update."""
-    return self.minibatch_prompts * self.rollout.group_size
-
-  @property
-  def micro_batches(self) -> int:
-    """Gradient-accumulation slices per optimizer update (rows of seq_len tokens each)."""
-    return self.minibatch_seqs // (self.train.micro_batch_size or self.minibatch_seqs)
-
-  @property
-  def prompts_per_round(self) -> int:
-    """Prompts sampled per generation round (dynamic sampling over-generates)."""
-    return self.algo.gen_batch_size if self.algo.dynamic_sampling else self.train.batch_size
-
-  @property
-  def loss_scale_factor(self) -> float:
-    """seq-mean-token-sum-norm's divisor: the configured one, else the generation budget (the
-    reference's response length; not the row length, which includes the prompt)."""
-    factor = self.algo.loss_scale_factor
-    return self.rollout.max_new_tokens if factor is None else factor
-
-  @property
-  def warmup_updates(self) -> int:
-    # The paper counts warm-up in rollout steps; the schedule ticks per optimizer update.
-    return self.optim.warmup_steps * self.train.num_minibatches
 
 
 def _convert(section: str, cls, raw: Mapping[str, Any]):

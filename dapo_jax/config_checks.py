@@ -4,20 +4,14 @@ Every message names the field (`config.section.field: ...`). `config.parse` runs
 before anything imports a model or starts JAX's backends.
 """
 import dataclasses
-from typing import TYPE_CHECKING
 
-from dapo_jax.config_sections import ARCH_FIELDS
+from dapo_jax.config_sections import (ARCH_FIELDS, AlgoCfg, Config, EvalCfg, LogCfg, ModelCfg,
+                                      OptimCfg, RolloutCfg, TaskCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
 from dapo_jax.core import offpolicy as core_offpolicy
 from dapo_jax.core import stats as core_stats
 from dapo_jax.data.synthetic import MAX_DIFFICULTY
 from dapo_jax.data.testbed import DEMO_KNOBS
-
-if TYPE_CHECKING:  # dapo_jax.config imports this module
-  from dapo_jax.config import Config
-  from dapo_jax.config_sections import (AlgoCfg, EvalCfg, LogCfg, ModelCfg, OptimCfg,
-                                        RolloutCfg, TaskCfg, WarmStartCfg)
-
 
 def _require(ok: bool, where: str, msg: str):
   if not ok:

@@ -129,13 +129,13 @@ def _main(started: _Started):
   distributed.initialize(cfg.distributed)
   started.distributed = True
   started.lock = _hold(workdir)
-  if started.lock is not None:  # process 0
-    quiet.keep_library_log(workdir)
   done = _finished(workdir, cfg.train.num_steps) if FLAGS.resume else None
   if done is not None:
     print(f"[resume] {workdir} already finished its {done['steps']} steps (results.json): "
           f"nothing to do", flush=True)
     return
+  if started.lock is not None:  # process 0
+    quiet.keep_library_log(workdir)
   _, results = run_job(cfg, workdir, resume=FLAGS.resume,
                        config_json=FLAGS.config.to_json_best_effort(indent=2))
   if results.get("preempted"):  # saved after a stop signal: not a success for a controller
@@ -174,7 +174,7 @@ def export(run, out: str) -> None:
   from dapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
   try:
     # Every process takes part (the params are gathered across hosts); process 0 writes.
-    hf_io.save_pretrained(nnx.merge(run.graphdef, run.state.params), run.model_config, out,
+    hf_io.save_pretrained(nnx.merge(run.model.graphdef, run.loop.state.params), run.model.model_config, out,
                           overwrite=True)
     if jax.process_index() == 0:
       with paths.staged_dir(out) as local:
@@ -183,7 +183,7 @@ def export(run, out: str) -> None:
     why = refusals.os_error_text(e) if isinstance(e, OSError) else refusals.one_line(e)
     raise refusals.Refusal(
         f"export of the trained policy to {out} failed: {why}. The run's last checkpoint "
-        f"(step {run.step}) is intact: fix the cause (free space there) and rerun with "
+        f"(step {run.loop.step}) is intact: fix the cause (free space there) and rerun with "
         f"--resume to export again") from e
   if jax.process_index() == 0:
     print(f"[export] HF checkpoint: {out}")

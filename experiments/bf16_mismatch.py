@@ -101,7 +101,7 @@ def _sample(model, cfg, mesh, prompts, task):
 def _score(cfg, model, mesh, batch):
   """The trainer's log-probs [B, S] of the batch's tokens (the loop's log-prob pass)."""
   graphdef, params = nnx.split(model, nnx.Param)
-  run = types.SimpleNamespace(cfg=cfg, mesh=mesh, graphdef=graphdef)
+  run = types.SimpleNamespace(cfg=cfg, mesh=mesh, model=types.SimpleNamespace(graphdef=graphdef))
   logp, _ = logprob_pass.batched_logprobs(run, params, batch, with_entropy=False)
   return logp
 

@@ -59,10 +59,10 @@ def _install(kind: str, step: int, rnd: int):
   if kind == "round":
     gen = rounds.generate_round
 
-    def round_hook(run, round_index, num_prompts):
-      if run.step + 1 == step and round_index == rnd:
+    def round_hook(run, round_index, num_prompts, **kwargs):
+      if run.loop.step + 1 == step and round_index == rnd:
         _die(f"step {step}, before generation round {rnd}")
-      return gen(run, round_index, num_prompts)
+      return gen(run, round_index, num_prompts, **kwargs)
     rounds.generate_round = round_hook
   elif kind in ("save", "seam"):
     save = ckpt_lib.Checkpointer.save
@@ -79,7 +79,7 @@ def _install(kind: str, step: int, rnd: int):
     rollout_step = trainer.rollout_step
 
     def term_hook(run, *args, **kwargs):
-      if run.step + 1 == step:
+      if run.loop.step + 1 == step:
         os.kill(os.getpid(), signal.SIGTERM)
       return rollout_step(run, *args, **kwargs)
     trainer.rollout_step = term_hook

@@ -72,7 +72,7 @@ def _update_terms(cfg, model, batch, mesh):
   first updates on `mesh`: the old log-probs by the log-prob pass (as the loop recomputes
   them), then each mini-batch's loss and gradients with truncated IS on the sampler's."""
   graphdef, params = nnx.split(model, nnx.Param)
-  run = types.SimpleNamespace(cfg=cfg, mesh=mesh, graphdef=graphdef)
+  run = types.SimpleNamespace(cfg=cfg, mesh=mesh, model=types.SimpleNamespace(graphdef=graphdef))
   old, _ = logprob_pass.batched_logprobs(run, params, batch, with_entropy=False)
   batch = dataclasses.replace(batch, old_logp_BxS=old)
   fn = jax.jit(lambda p, mb: objective.loss_and_grad(p, graphdef, mb, cfg, mesh=mesh))

@@ -21,12 +21,11 @@ ASYNC = {"rollout.max_staleness": 1, "rollout.partial": True, "algo.is_correctio
 WAITS = ("time_", "tokens_per_s")
 
 
-def _train(cfg, workdir, *, pipeline=False, with_run=False):
+def _train(cfg, workdir, *, pipeline=False):
   run = trainer.build(cfg, str(workdir), resume=False)
-  if pipeline:  # the asynchronous loop's machinery, whatever max_staleness says
-    run.pipeline = pipeline_lib.Pipeline(run)
-  trainer.train(run, resume=False)
-  return (_records(workdir), run) if with_run else _records(workdir)
+  # pipeline: the asynchronous loop's machinery, whatever max_staleness says
+  trainer.train(run, resume=False, pipelined=True if pipeline else None)
+  return _records(workdir)
 
 
 def _raw_records(workdir):
@@ -96,7 +95,7 @@ def test_partial_rollout_versions_change_at_the_sync():
 def test_no_group_lost_or_trained_twice(tmp_path, monkeypatch):
   """Every mixed group sampled is trained exactly once, discarded as surplus (counted), or
   still waiting in the pipeline when the run ends; no prompt is trained by two steps."""
-  generated, trained = [], []
+  generated, trained, pipes = [], [], []
   gen, take = rounds.generate_round, pipeline_lib.Pipeline.take
 
   def record_round(*a, **kw):
@@ -106,16 +105,18 @@ def test_no_group_lost_or_trained_twice(tmp_path, monkeypatch):
 
   def record_take(self, run):
     c = take(self, run)
+    pipes.append(self)  # the loop's own Pipeline (a local of trainer.train)
     trained.append((c.summary["surplus_discarded"], [tuple(p) for p in c.groups.prompts]))
     return c
 
   monkeypatch.setattr(rounds, "generate_round", record_round)
   monkeypatch.setattr(pipeline_lib.Pipeline, "take", record_take)
   cfg = tiny_config(**dict(ASYNC, **{"train.num_steps": 4, "algo.gen_batch_size": 6}))
-  _, run = _train(cfg, tmp_path, with_run=True)
+  _train(cfg, tmp_path)
   flat = [p for _, batch in trained for p in batch]
   assert len(flat) == len(set(flat)) == 4 * cfg.train.batch_size
-  pipe = run.pipeline
+  pipe = pipes[-1]
+  assert all(p is pipe for p in pipes)
   waiting = [tuple(p) for b in pipe.buffer for p in b.groups.prompts]
   if pipe.filling is not None:
     waiting += [tuple(p) for h in pipe.filling.filler.held for p in h.prompts]

@@ -106,9 +106,10 @@ def _tiny_run(tmp_path):
   mcfg = model_config_lib.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
                                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
   graphdef, params = nnx.split(qwen2.Qwen2(mcfg, rngs=nnx.Rngs(0)))
-  return types.SimpleNamespace(graphdef=graphdef, state=types.SimpleNamespace(params=params),
-                               model_config=mcfg, step=3,
-                               task=types.SimpleNamespace(tokenizer=tokenizer_lib.load_tokenizer()))
+  ns = types.SimpleNamespace
+  return ns(model=ns(graphdef=graphdef, model_config=mcfg),
+            loop=ns(state=ns(params=params), step=3),
+            task=ns(tokenizer=tokenizer_lib.load_tokenizer()))
 
 
 def test_a_failed_export_names_the_directory(tmp_path, monkeypatch):

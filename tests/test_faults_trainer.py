@@ -57,7 +57,7 @@ def _assert_same_as(reference, run, results, workdir):
   ref_run, ref_results, ref_records = reference
   assert _records(workdir) == ref_records  # one record per step, equal values
   assert results["before"] == ref_results["before"] and results["after"] == ref_results["after"]
-  for a, b in zip(jax.tree.leaves(ref_run.state), jax.tree.leaves(run.state)):
+  for a, b in zip(jax.tree.leaves(ref_run.loop.state), jax.tree.leaves(run.loop.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert run.data.state() == ref_run.data.state()
 
@@ -88,7 +88,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_then_resume_finishes(tmp_path,
 
   def step_then_signal(run, *args, **kwargs):
     out = step_fn(run, *args, **kwargs)
-    if run.step == 0:  # during step 1 (Ctrl-C, a preemption notice, a dropped ssh session)
+    if run.loop.step == 0:  # during step 1 (Ctrl-C, a preemption notice, a dropped ssh session)
       os.kill(os.getpid(), sig)
     return out
 

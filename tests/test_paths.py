@@ -135,7 +135,7 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
 
     def step_then_sigterm(run, *args, **kwargs):
       out = step_fn(run, *args, **kwargs)
-      if run.step == 0:
+      if run.loop.step == 0:
         os.kill(os.getpid(), signal.SIGTERM)
       return out
 
@@ -144,7 +144,7 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
     assert first["preempted"] and first["steps"] == 1
     monkeypatch.setattr(trainer, "rollout_step", step_fn)
     run, results = main_lib.run_job(_cfg(), "gs://b/run", resume=True, config_json="{}")
-  for a, b in zip(jax.tree.leaves(ref.state), jax.tree.leaves(run.state)):
+  for a, b in zip(jax.tree.leaves(ref.loop.state), jax.tree.leaves(run.loop.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   wd = root / "b/run"
   assert results == ref_results

@@ -5,7 +5,6 @@ import pytest
 
 from dapo_jax.data import synthetic, template
 from dapo_jax.train import collector, dynamic_sampling, levels, trainer
-from dapo_jax.train import pipeline as pipeline_lib
 from tests.test_train_dynamic_sampling import _groups
 from tests.test_trainer import _records, fake_rewards, tiny_config  # noqa: F401  (autouse)
 
@@ -68,8 +67,7 @@ def test_pipelined_loop_logs_levels_too(tmp_path):
   step's generated groups (the wiring in pipeline.Pipeline, not only in collector.collect)."""
   cfg = tiny_config(**{"task.difficulty": 2, "task.difficulty_max": 3, "train.num_steps": 1})
   run = trainer.build(cfg, str(tmp_path), resume=False)
-  run.pipeline = pipeline_lib.Pipeline(run)
-  trainer.train(run, resume=False)
+  trainer.train(run, resume=False, pipelined=True)
   (rec,) = _records(tmp_path)
   n2, n3 = rec["gen_groups_level2"], rec["gen_groups_level3"]
   assert n2 + n3 == rec["prompts_sampled"] and n2 > 0 and n3 > 0

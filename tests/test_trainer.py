@@ -89,7 +89,7 @@ def test_loop_runs_and_logs_every_metric(tmp_path):
     raw = [json.loads(line) for line in f]
   assert all(k in raw[1] for k in ("time_rollout_s", "time_prepare_s", "time_update_s",
                                    "time_sync_s", "tokens_per_s"))
-  assert int(run.state.updates) == 4  # 2 steps x 2 mini-batches
+  assert int(run.loop.state.updates) == 4  # 2 steps x 2 mini-batches
 
 
 def test_resume_is_bitwise_identical(tmp_path):
@@ -102,7 +102,7 @@ def test_resume_is_bitwise_identical(tmp_path):
   _run(cfg2, tmp_path / "split")
   resumed, _ = _run(cfg4, tmp_path / "split", resume=True)
   assert _records(tmp_path / "full") == _records(tmp_path / "split")
-  for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state)):
+  for a, b in zip(jax.tree.leaves(full.loop.state), jax.tree.leaves(resumed.loop.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -156,10 +156,10 @@ def test_nan_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
   monkeypatch.setattr(trainer.groups_lib, "training_batch", poisoned)
   cfg = tiny_config(**{"train.num_steps": 5, "train.max_bad_steps": 2})
   run = trainer.build(cfg, str(tmp_path), resume=False)
-  before = jax.tree.map(np.asarray, nnx.to_pure_dict(run.state.params))
+  before = jax.tree.map(np.asarray, nnx.to_pure_dict(run.loop.state.params))
   with pytest.raises(trainer.TooManyBadSteps, match="2 consecutive"):
     trainer.train(run, resume=False)
-  after = jax.tree.map(np.asarray, nnx.to_pure_dict(run.state.params))
+  after = jax.tree.map(np.asarray, nnx.to_pure_dict(run.loop.state.params))
   jax.tree.map(np.testing.assert_array_equal, before, after)
   assert [r["updates_skipped"] for r in _records(tmp_path)] == [2.0, 2.0]
 

@@ -28,7 +28,7 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   a, max_len = run.cfg.algo, run.cfg.rollout.max_new_tokens
   batch0, summary0 = collector.collect(run)
   assert summary0["overlong_cache_len"] == a.overlong_cache_len  # no history yet: the fixed one
-  step0 = np.concatenate([x.ravel() for x in run.length_history[0]])
+  step0 = np.concatenate([x.ravel() for x in run.loop.length_history[0]])
   assert step0.size == summary0["prompts_sampled"] * run.cfg.rollout.group_size  # every round
   assert summary0["prefilter_records"] == len(run.prefilter.records) > 0
   assert summary0["prefilter_skipped"] == 0  # nothing seen twice yet
@@ -41,9 +41,9 @@ def test_adaptive_ramp_and_reflection_reach_the_step(tmp_path):
   want = {p: max_len - int(np.percentile(step0, p, method="higher")) for p in (0, 50, 100)}
   p = next((p for p, c in want.items() if c != a.overlong_cache_len), None)
   assert p is not None, f"every percentile gives the fixed L_cache: {want}"
-  run.cfg = dataclasses.replace(run.cfg, algo=dataclasses.replace(
-      a, overlong_adaptive_percentile=float(p)))
-  run.step = 1
+  run = dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, algo=dataclasses.replace(
+      a, overlong_adaptive_percentile=float(p))))
+  run.loop.step = 1
   batch1, summary1 = collector.collect(run)
   assert summary1["overlong_cache_len"] == want[p]
   penalty = overlong.soft_overlong_penalty(batch1.lengths, max_len=max_len, cache_len=want[p],
@@ -65,14 +65,14 @@ def test_prefilter_drops_recorded_prompts_and_records_survive_a_restart(tmp_path
   assert g.prompts == upcoming[0::2]
   assert all(run.prefilter.records[prefilter.prompt_key(p)].seen == 1 for p in g.prompts)
   assert all(run.prefilter.records[k] == prefilter.Record(1, 4.0, 4.0, 0) for k in skip)
-  meta = trainer._meta(run)  # pylint: disable=protected-access
+  meta = trainer._meta(run, None)  # pylint: disable=protected-access
   meta |= {"results": {}, "metrics_records": 0}
-  saved, lengths = dict(run.prefilter.records), run.length_history[0][0]
-  run.prefilter.records, run.length_history = {}, {}
-  ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.step, s, meta), directory="ckpt")
+  saved, lengths = dict(run.prefilter.records), run.loop.length_history[0][0]
+  run.prefilter.records, run.loop.length_history = {}, {}
+  ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.loop.step, s, meta), directory="ckpt")
   recovery.start(run, ckpt, resume=True)
   assert run.prefilter.records == saved
-  np.testing.assert_array_equal(run.length_history[0][0], lengths)  # the adaptive ramp's too
+  np.testing.assert_array_equal(run.loop.length_history[0][0], lengths)  # the adaptive ramp's too
 
 
 def test_prefilter_needs_dynamic_sampling():

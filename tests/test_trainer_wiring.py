@@ -117,10 +117,10 @@ def _pure(params):
 
 def test_rollout_step_syncs_the_trained_weights_into_the_sampler(tmp_path):
   run = trainer.build(tiny_config(**FAST), str(tmp_path), resume=False)
-  initial = _pure(run.state.params)
+  initial = _pure(run.loop.state.params)
   np.testing.assert_equal(_pure(run.sampler.engine.params), initial)
   trainer.rollout_step(run, trainer.jitted_update(run))
-  trained = _pure(run.state.params)
+  trained = _pure(run.loop.state.params)
   sampled_from = _pure(run.sampler.engine.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0), sampled_from,
                trained)
@@ -188,14 +188,14 @@ def test_one_update_per_step_takes_old_logprobs_from_its_own_forward(tmp_path):
   fused, separate = trainer.prepare(run, batch), trainer.prepare(run, batch, separate_pass=True)
   assert fused.logp_BxS is None and fused.batch.on_policy and not separate.batch.on_policy
   step_fn = trainer.jitted_update(run)
-  start = jax.tree.map(np.copy, jax.device_get(run.state))
+  start = jax.tree.map(np.copy, jax.device_get(run.loop.state))
   (m_sep,), (no_tokens,) = jax.device_get(trainer.update(run, step_fn, separate.batch))
   assert no_tokens is None
-  params_sep = _pure(run.state.params)
-  run.state = jax.device_put(start, jax.tree.map(lambda x: x.sharding, run.state))
+  params_sep = _pure(run.loop.state.params)
+  run.loop.state = jax.device_put(start, jax.tree.map(lambda x: x.sharding, run.loop.state))
   (m_fused,), (tokens,) = jax.device_get(trainer.update(run, step_fn, fused.batch))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               _pure(run.state.params), params_sep)
+               _pure(run.loop.state.params), params_sep)
   np.testing.assert_allclose(m_fused["loss"], m_sep["loss"], rtol=1e-5, atol=1e-7)
   resp = separate.resp_mask_BxS > 0
   np.testing.assert_allclose(tokens.logp_BxS[resp], separate.logp_BxS[resp], atol=1e-5)

@@ -58,7 +58,7 @@ class Collector:
 def collect(run: Run) -> tuple[Groups, dict]:
   """This step's batch, collected now: sample and score groups; with dynamic sampling keep only
   mixed ones (DAPO §3.2)."""
-  collector = Collector.start(run, run.step)
+  collector = Collector.start(run, run.loop.step)
   while not collector.done:
     collector.round()
   return collector.result(run)

@@ -67,7 +67,7 @@ def _dispatch(run, params, batch: MiniBatch, with_entropy):
       x = [multihost.put(a[m0 + i:m0 + rows:k], dsh)
            for a in (plan.tokens_BxS, plan.segments_BxS, plan.positions_BxS, *ids)]
       with jax.transfer_guard("disallow"):  # inputs are placed explicitly above
-        calls.append((m0, i, logprob_fn(params, *x, graphdef=run.graphdef, mesh=run.mesh,
+        calls.append((m0, i, logprob_fn(params, *x, graphdef=run.model.graphdef, mesh=run.mesh,
                                         temperature=cfg.rollout.temperature,
                                         with_entropy=with_entropy)))
   return calls

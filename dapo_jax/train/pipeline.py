@@ -52,7 +52,7 @@ class Pipeline:
     self.k, self.partial = rollout.max_staleness, rollout.partial and not multihost.is_multi()
     self.buffer: collections.deque[Collected] = collections.deque()
     self.filling: Collector | None = None  # the batch under way
-    self.next_step = run.step          # the step the next batch started is for
+    self.next_step = run.loop.step          # the step the next batch started is for
     self.in_flight: int | None = None  # the policy version the running update produces
     self.update_end: float | None = None
     self.times = collections.Counter()  # this step's rollout / wait / sync seconds
@@ -135,7 +135,7 @@ class Pipeline:
     """Whether the running update has ended (on every process); notes when it was seen."""
     if self.update_end is not None or self.in_flight is None:
       return True
-    ready = bool(run.state.updates.is_ready())
+    ready = bool(run.loop.state.updates.is_ready())
     if multihost.is_multi():  # every process decides the same (a sync is a collective)
       ready = bool(np.all(multihost_utils.process_allgather(np.int32(ready))))
     if ready:
@@ -144,7 +144,7 @@ class Pipeline:
 
   def _wait_update(self, run: Run) -> None:
     t0 = time.perf_counter()
-    jax.block_until_ready(run.state)
+    jax.block_until_ready(run.loop.state)
     self.update_end = time.perf_counter()
     self.times["wait_weights"] += self.update_end - t0
 
@@ -153,5 +153,5 @@ class Pipeline:
     if self.in_flight is None or run.sampler.version >= self.in_flight:
       return
     t0 = time.perf_counter()
-    run.sampler.update_params(run.state.params, version=self.in_flight)
+    run.sampler.update_params(run.loop.state.params, version=self.in_flight)
     self.times["sync"] += time.perf_counter() - t0

@@ -28,18 +28,18 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   if not resume:
     checkpoint_dirs.check_fresh(ckpt.directory)  # never write into an earlier run's files
     return {}, 0
-  got = ckpt.restore_latest(run.state)
+  got = ckpt.restore_latest(run.loop.state)
   if got is None:
     print(f"[resume] no checkpoint in {ckpt.directory}: starting at step 0", flush=True)
     return {}, 0
-  _, run.state, meta = got
-  run.step, run.bad_steps, run.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
+  _, run.loop.state, meta = got
+  run.loop.step, run.loop.bad_steps, run.loop.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
   run.data.restore(meta["data"])
   if run.prefilter is not None:  # the same prompts are skipped as without the restart
     run.prefilter.restore(meta["prefilter"])
-  run.length_history = overlong.history_from_state(meta["length_history"])
-  run.sampler.update_params(run.state.params, version=run.step)
-  print(f"[resume] from step {run.step} in {ckpt.directory}", flush=True)
+  run.loop.length_history = overlong.history_from_state(meta["length_history"])
+  run.sampler.update_params(run.loop.state.params, version=run.loop.step)
+  print(f"[resume] from step {run.loop.step} in {ckpt.directory}", flush=True)
   return meta["results"], meta["metrics_records"]
 
 

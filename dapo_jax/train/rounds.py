@@ -24,7 +24,7 @@ def overlong_cache_len(run: Run) -> int:
   if not algo.overlong_adaptive:
     return algo.overlong_cache_len
   return overlong.adaptive_cache_len(
-      run.length_history, step=run.step, window=algo.overlong_adaptive_window,
+      run.loop.length_history, step=run.loop.step, window=algo.overlong_adaptive_window,
       percentile=algo.overlong_adaptive_percentile, max_len=max_len, fallback=algo.overlong_cache_len)
 
 
@@ -34,14 +34,14 @@ def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | 
   prompts, G samples each, scored; every host's groups gathered in process order (the one-host
   batch). between_chunks: passed to the sampler (a partial rollout's weight sync)."""
   cfg, algo = run.cfg, run.cfg.algo
-  step = run.step if step is None else step
+  step = run.loop.step if step is None else step
   batch = next(run.data)  # this host's contiguous slice of the round's prompts
   pidx, pcount = setup.process_info()
   local = num_prompts // pcount
   if len(batch.prompt_ids) != local:
     raise AssertionError(f"data iterator gave {len(batch.prompt_ids)} prompts, want {local}")
   if run.prefilter is not None:  # drop prompts recorded as all-correct / all-wrong
-    batch = run.prefilter.select(batch, step=run.step)
+    batch = run.prefilter.select(batch, step=run.loop.step)
   rollout = cfg.rollout
   samples = run.sampler.sample_groups(
       batch.prompt_ids, group_size=rollout.group_size, max_new_tokens=rollout.max_new_tokens,
@@ -49,7 +49,7 @@ def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | 
       seed=seed_for(cfg.seed, 1, step, round_index), eos_ids=run.task.eos_ids,
       prompt_offset=pidx * local,  # global prompt index: same samples on any host count
       between_chunks=between_chunks)
-  run.paging.add(multihost.per_process([samples.stats["preemptions"],
+  run.loop.paging.add(multihost.per_process([samples.stats["preemptions"],
                                         samples.stats["pool_peak_frac"]]))
   scored = groups_lib.score_rollout(
       samples, batch.prompt_ids, batch.answers, decode=run.task.decode,
@@ -58,10 +58,10 @@ def generate_round(run: Run, round_index: int, num_prompts: int, *, step: int | 
       factor=algo.overlong_factor)
   out = multihost.gather_groups(scored, max_prompt_len=cfg.task.max_prompt_len)
   if algo.overlong_adaptive:  # every host's lengths, so every host computes the same ramp
-    run.length_history = overlong.record_lengths(
-        run.length_history, step=run.step, lengths=out.lengths, window=algo.overlong_adaptive_window)
+    run.loop.length_history = overlong.record_lengths(
+        run.loop.length_history, step=run.loop.step, lengths=out.lengths, window=algo.overlong_adaptive_window)
   if run.prefilter is not None:
-    run.prefilter.observe(out, step=run.step)
+    run.prefilter.observe(out, step=run.loop.step)
   return out
 
 
@@ -74,7 +74,7 @@ def batch_extras(run: Run, batch: groups_lib.Groups, errors_before: int,
   reflection phrases, the pre-filter's records."""
   out = {"verifier_errors": rewards.verifier_errors() - errors_before,
          "prompts_truncated": run.data.num_truncated - truncated_before,
-         "overlong_cache_len": overlong_cache_len(run)} | run.paging.take()
+         "overlong_cache_len": overlong_cache_len(run)} | run.loop.paging.take()
   out.update(reflection.step_metrics(  # {} unless log.reflection_phrases is set
       batch, spec=run.cfg.log.reflection_phrases, decode=run.task.decode,
       reward_fn=rewards.get_reward_fn(run.cfg.task.reward)))

@@ -1,8 +1,8 @@
-"""The live parts of a run (`Run`), built once from a validated Config (`build`)."""
+"""A run's parts (`Run`), built once from a validated Config (`build`): the built parts, the
+policy's (`ModelParts`), and what the loop changes (`LoopState`)."""
 import dataclasses
 import functools
 import os
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -20,32 +20,40 @@ from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
 
-if TYPE_CHECKING:  # train/pipeline.py imports this module
-  from dapo_jax.train.pipeline import Pipeline
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+  """The policy's built parts beside its weights."""
+  graphdef: nnx.GraphDef
+  model_config: ModelConfig
+  optimizer: optax.GradientTransformation
+  ref_params: nnx.State | None      # the frozen reference policy (algo.kl_coef > 0)
 
 
 @dataclasses.dataclass
+class LoopState:
+  """What the training loop changes, in one place (a checkpoint saves and restores it)."""
+  state: state_lib.TrainState       # params, optimizer state, applied-update count
+  step: int = 0                     # rollout steps done
+  bad_steps: int = 0                # consecutive steps whose every update was skipped
+  first_length: float | None = None  # the first step's mean response length (health checks)
+  length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
+  paging: PagingTally = dataclasses.field(default_factory=PagingTally)  # this step's rounds
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
-  """The live parts of a run (built once by `build`); the loop advances `step` and the state."""
+  """A run's parts, built once by `build` and not replaced: the loop changes only `loop` (and
+  the internal positions of `data`, `sampler` and `prefilter`)."""
   cfg: Config
   workdir: str
   mesh: jax.sharding.Mesh           # the trainer's (data x fsdp x tensor)
   placement: placement.Placement    # which devices train and which sample
   task: setup.Task
-  graphdef: nnx.GraphDef
-  model_config: ModelConfig
-  state: state_lib.TrainState
-  optimizer: optax.GradientTransformation
+  model: ModelParts
   sampler: GroupSampler             # its own bf16/f32 copy of the weights, on its own mesh
   data: PromptIterator
-  ref_params: nnx.State | None      # the frozen reference policy (algo.kl_coef > 0)
-  step: int = 0
-  bad_steps: int = 0
-  first_length: float | None = None
-  length_history: dict = dataclasses.field(default_factory=dict)  # by step, adaptive L_cache
-  prefilter: prefilter_lib.Prefilter | None = None  # algo.prefilter's records
-  pipeline: "Pipeline | None" = None  # the sampler's side when rollout.max_staleness >= 1
-  paging: PagingTally = dataclasses.field(default_factory=PagingTally)  # this step's rounds
+  prefilter: prefilter_lib.Prefilter | None  # algo.prefilter's records
+  loop: LoopState
 
 
 def _build_sampler(cfg: Config, model, mcfg, placed: placement.Placement) -> GroupSampler:
@@ -89,14 +97,14 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
                         shard_index=pidx, num_shards=pcount,
                         use_chat_template=cfg.task.chat_template)
   ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.kl_coef > 0 else None
-  return Run(cfg=cfg, workdir=workdir, mesh=mesh, placement=placed, task=task, graphdef=graphdef,
-             model_config=mcfg, state=state, optimizer=optimizer, sampler=sampler, data=data,
-             ref_params=ref_params,
-             prefilter=prefilter_lib.from_config(cfg.algo, seed=cfg.seed, num_processes=pcount))
+  return Run(cfg=cfg, workdir=workdir, mesh=mesh, placement=placed, task=task,
+             model=ModelParts(graphdef, mcfg, optimizer, ref_params), sampler=sampler, data=data,
+             prefilter=prefilter_lib.from_config(cfg.algo, seed=cfg.seed, num_processes=pcount),
+             loop=LoopState(state))
 
 
 def jitted_update(run: Run):
   """The run's `train_step`, jitted once with its state's layout (train_step.jit_train_step)."""
   return train_step_lib.jit_train_step(
-      run.cfg, graphdef=run.graphdef, optimizer=run.optimizer, mesh=run.mesh,
-      state_shardings=jax.tree.map(lambda x: x.sharding, run.state))
+      run.cfg, graphdef=run.model.graphdef, optimizer=run.model.optimizer, mesh=run.mesh,
+      state_shardings=jax.tree.map(lambda x: x.sharding, run.loop.state))

@@ -18,6 +18,7 @@
 Every DAPO technique is a config switch, so naive GRPO and each Table-1 rung run this same loop.
 """
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -67,7 +68,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
   rows = logprob_pass.with_plans(cfg, rows)
   logp = entropy = None
   if separate_pass or not on_policy_update(cfg):
-    logp, entropy = logprob_pass.batched_logprobs(run, run.state.params, rows,
+    logp, entropy = logprob_pass.batched_logprobs(run, run.loop.state.params, rows,
                                                   with_entropy=True)
   if algo.old_logp_source == "sampler":
     old = rows.behav_logp_BxS
@@ -75,7 +76,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
     old = None if logp is None else logp * resp_mask
   ref = None
   if algo.kl_coef > 0:
-    ref, _ = logprob_pass.batched_logprobs(run, run.ref_params, rows, with_entropy=False)
+    ref, _ = logprob_pass.batched_logprobs(run, run.model.ref_params, rows, with_entropy=False)
   behav = rows.behav_logp_BxS
   rows = dataclasses.replace(rows, old_logp_BxS=old, ref_logp_BxS=ref,
                              behav_logp_BxS=behav if algo.is_correction != "none" else None)
@@ -93,7 +94,7 @@ def update(run: Run, step_fn, batch: MiniBatch) -> tuple[list[dict], list]:
   for mb in range(cfg.train.num_minibatches):
     minibatch = multihost.put_tree(batch.rows(mb * rows, (mb + 1) * rows), dsh)
     with jax.transfer_guard("disallow"):  # every input is placed explicitly above
-      run.state, m, t = step_fn(run.state, minibatch)
+      run.loop.state, m, t = step_fn(run.loop.state, minibatch)
     step_metrics.append(m)
     tokens.append(t)
   return step_metrics, tokens
@@ -102,7 +103,7 @@ def update(run: Run, step_fn, batch: MiniBatch) -> tuple[list[dict], list]:
 def sync(run: Run):
   """Trainer params -> the sampler's copy (resharded to the sampler's layout), as the policy
   version the update made (the steps done, this one included)."""
-  run.sampler.update_params(run.state.params, version=run.step + 1)  # device to device
+  run.sampler.update_params(run.loop.state.params, version=run.loop.step + 1)  # device to device
 
 
 def rollout_step(run: Run, step_fn) -> dict:
@@ -117,18 +118,18 @@ def rollout_step(run: Run, step_fn) -> dict:
   sampling_summary["pack_fill"] = logprob_pass.packed_token_share(run.cfg, prep.batch)
   with timer("update"):
     step_metrics, tokens = update(run, step_fn, prep.batch)
-    jax.block_until_ready(run.state)  # timed to completion, not to dispatch
+    jax.block_until_ready(run.loop.state)  # timed to completion, not to dispatch
   with timer("sync"):
     sync(run)
   return _finish(run, batch, prep, step_metrics, tokens, sampling_summary, timer)
 
 
-def pipelined_step(run: Run, step_fn) -> dict:
+def pipelined_step(run: Run, step_fn, pipe: pipeline_lib.Pipeline) -> dict:
   """One step of the asynchronous loop (train/pipeline.py): take this step's batch (collected
   while earlier updates ran, or now), prepare it, dispatch its update and, while the update
   runs, collect the next batches; then wait for the update and sync its weights.
   Returns the step's metrics (host floats)."""
-  pipe, timer = run.pipeline, metrics_lib.PhaseTimer()
+  timer = metrics_lib.PhaseTimer()
   collected = pipe.take(run)
   with timer("prepare"):
     prep = prepare(run, collected.groups)
@@ -136,7 +137,7 @@ def pipelined_step(run: Run, step_fn) -> dict:
                                                                               prep.batch))
   t_update = time.perf_counter()
   step_metrics, tokens = update(run, step_fn, prep.batch)  # dispatched, not waited for
-  pipe.collect_ahead(run, version=run.step + 1)
+  pipe.collect_ahead(run, version=run.loop.step + 1)
   timer.add("update", pipe.finish_update(run) - t_update)
   for name, seconds in pipe.step_times().items():
     timer.add(name.removeprefix("time_").removesuffix("_s"), seconds)
@@ -150,75 +151,82 @@ def _finish(run: Run, batch, prep: Prepared, step_metrics, tokens, summary, time
     prep = dataclasses.replace(prep, logp_BxS=tokens[0].logp_BxS,
                                entropy_BxS=tokens[0].entropy_BxS)
   skipped = sum(float(m["skipped"]) for m in step_metrics)
-  run.bad_steps = run.bad_steps + 1 if skipped == len(step_metrics) else 0
+  run.loop.bad_steps = run.loop.bad_steps + 1 if skipped == len(step_metrics) else 0
   return metrics_lib.rollout_metrics(batch, prep, step_metrics, summary, timer,
-                                     version=run.step, is_cap=run.cfg.algo.is_cap)
+                                     version=run.loop.step, is_cap=run.cfg.algo.is_cap)
 
 
-def _meta(run: Run) -> dict:
-  data = run.pipeline.resume_data_state(run) if run.pipeline else run.data.state()
-  return {"step": run.step, "data": data, "bad_steps": run.bad_steps,
-          "first_length": run.first_length, "seed": run.cfg.seed,
+def _meta(run: Run, pipe: pipeline_lib.Pipeline | None) -> dict:
+  data = pipe.resume_data_state(run) if pipe else run.data.state()
+  return {"step": run.loop.step, "data": data, "bad_steps": run.loop.bad_steps,
+          "first_length": run.loop.first_length, "seed": run.cfg.seed,
           "prefilter": run.prefilter.state() if run.prefilter is not None else None,
-          "length_history": overlong.history_state(run.length_history),
+          "length_history": overlong.history_state(run.loop.length_history),
           "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
 
 
 def _log_step(run: Run, m: dict, writer, health):
   """Health warnings, the step's record, the stop after too many skipped steps, periodic eval."""
   cfg = run.cfg
-  m["warnings"] = health.check(run.step, m)
-  run.first_length = health.first_length
-  writer.write(run.step, m)
-  if run.bad_steps >= cfg.train.max_bad_steps:
-    raise TooManyBadSteps(f"{run.bad_steps} consecutive steps with non-finite loss or "
-                          f"gradients (every update skipped); stopping at step {run.step}")
-  if cfg.eval.every_steps and run.step % cfg.eval.every_steps == 0 \
-      and run.step < cfg.train.num_steps:
-    writer.write(run.step, rounds.run_eval(run, f"step{run.step}"), kind="eval")
+  m["warnings"] = health.check(run.loop.step, m)
+  run.loop.first_length = health.first_length
+  writer.write(run.loop.step, m)
+  if run.loop.bad_steps >= cfg.train.max_bad_steps:
+    raise TooManyBadSteps(f"{run.loop.bad_steps} consecutive steps with non-finite loss or "
+                          f"gradients (every update skipped); stopping at step {run.loop.step}")
+  if cfg.eval.every_steps and run.loop.step % cfg.eval.every_steps == 0 \
+      and run.loop.step < cfg.train.num_steps:
+    writer.write(run.loop.step, rounds.run_eval(run, f"step{run.loop.step}"), kind="eval")
 
 
-def train(run: Run, *, resume: bool) -> dict:
+def _loop_step(run: Run, pipelined: bool | None):
+  """(the loop's Pipeline or None, its step function: pipelined_step on it, or rollout_step)."""
+  if run.cfg.rollout.max_staleness if pipelined is None else pipelined:
+    pipe = pipeline_lib.Pipeline(run)  # from the restored step: the batches ahead start there
+    return pipe, functools.partial(pipelined_step, pipe=pipe)
+  return None, rollout_step
+
+
+def train(run: Run, *, resume: bool, pipelined: bool | None = None) -> dict:
   """The loop. Returns {"before": eval, "after": eval, "steps": n}. After a stop signal
   (SIGTERM, SIGINT, SIGHUP) it stops at the next step boundary, saves, and returns
-  {"before": eval, "steps": n, "preempted": True, "signal": its name}."""
+  {"before": eval, "steps": n, "preempted": True, "signal": its name}. pipelined: the
+  asynchronous loop (a Pipeline, local to this call) or not; None = rollout.max_staleness >= 1."""
   cfg = run.cfg
   ckpt = ckpt_lib.Checkpointer(os.path.join(run.workdir, "checkpoints"), keep=cfg.checkpoint.keep,
                                async_save=cfg.checkpoint.async_save)
   results, keep = recovery.start(run, ckpt, resume=resume)
   writer, health = metrics_lib.loggers(cfg, run.workdir, keep_records=keep,
-                                        first_length=run.first_length)
+                                        first_length=run.loop.first_length)
   if "before" not in results:
     results["before"] = rounds.run_eval(run, "before")
     writer.write(0, results["before"], kind="eval")
   step_fn = jitted_update(run)
   # The metadata carries the results so far and the log position, so a resume keeps "before"
   # and cuts metrics.jsonl back to this checkpoint.
-  save = lambda: ckpt.save(run.step, run.state, _meta(run) | {  # noqa: E731
+  pipe, step = _loop_step(run, pipelined)
+  save = lambda: ckpt.save(run.loop.step, run.loop.state, _meta(run, pipe) | {  # noqa: E731
       "results": dict(results), "metrics_records": writer.records})
-  if cfg.rollout.max_staleness:  # from the restored step: the batches ahead start there
-    run.pipeline = pipeline_lib.Pipeline(run)
-  step = pipelined_step if run.pipeline else rollout_step
   notice = recovery.Notice()
   try:
-    while run.step < cfg.train.num_steps and not notice.stop_now():
+    while run.loop.step < cfg.train.num_steps and not notice.stop_now():
       ckpt.poll()  # a failed background save stops the run here, not at the next save
       m = step(run, step_fn)
-      run.step += 1
+      run.loop.step += 1
       _log_step(run, m, writer, health)
-      if cfg.checkpoint.every_steps and run.step % cfg.checkpoint.every_steps == 0:
+      if cfg.checkpoint.every_steps and run.loop.step % cfg.checkpoint.every_steps == 0:
         save()
   finally:
     notice.close()
-  if ckpt.latest_step() != run.step:
+  if ckpt.latest_step() != run.loop.step:
     save()
   ckpt.close()
-  if run.step < cfg.train.num_steps:  # stopped by a signal, with this step saved
+  if run.loop.step < cfg.train.num_steps:  # stopped by a signal, with this step saved
     writer.close()
-    return results | {"steps": run.step, "preempted": True,
+    return results | {"steps": run.loop.step, "preempted": True,
                       "signal": notice.received}  # None: another process got it
   results["after"] = rounds.run_eval(run, "after")
-  writer.write(run.step, results["after"], kind="eval")
+  writer.write(run.loop.step, results["after"], kind="eval")
   writer.close()
-  results["steps"] = run.step
+  results["steps"] = run.loop.step
   return results
