@@ -225,8 +225,8 @@ def get_sweep(arg=None):
       runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
     elif os.path.isfile(os.path.join(REGISTRATIONS, f"{name}.json")):
-      from dapo_jax import analysis_confirm  # pylint: disable=g-import-not-at-top
-      reg = analysis_confirm.load_registration(os.path.join(REGISTRATIONS, f"{name}.json"))
+      from dapo_jax.analysis import confirm  # pylint: disable=g-import-not-at-top
+      reg = confirm.load_registration(os.path.join(REGISTRATIONS, f"{name}.json"))
       if reg.raw["config"] != "configs/ladder.py":
         raise ValueError(f"ladder: registration {name!r} is for {reg.raw['config']}")
       runs += [{"name": f"{arm}_s{s}", "arg": f"rung={arm},seed={s},base={reg.raw['base']}",

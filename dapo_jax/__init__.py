@@ -23,5 +23,6 @@ per letter across the package:
 Docstrings also write Hd (heads x channels), Lm (MoE layers) and Tp (packed positions).
 
 Packages: core/ (pure maths), rewards/, models/, rollout/ (JetStream engine + group sampler),
-data/, train/ (the loop), plus config, eval, metrics, sharding, aot (TPU compile checks).
+data/, train/ (the loop), config/ (typed config and its checks), workdir/ (paths, lock, run
+record), analysis/ (the notebook's statistics), aot/ (TPU compile checks), plus eval, metrics, sharding.
 """

@@ -6,7 +6,8 @@ import time
 
 import jax
 
-from dapo_jax import refusals, run_lock
+from dapo_jax import refusals
+from dapo_jax.workdir import lock as run_lock
 
 HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
 

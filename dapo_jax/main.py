@@ -1,4 +1,5 @@
-"""Runs one dapo_jax job: warm start (if configured), DAPO training, before/after evaluation.
+"""The command line of one dapo_jax job (dapo_jax.job): warm start (if configured), DAPO training,
+before/after evaluation.
 
   python -m dapo_jax.main --config=configs/tiny_cpu.py --workdir=runs/tiny
   python -m dapo_jax.main --config=configs/ladder.py:rung=naive_grpo --workdir=runs/naive
@@ -8,26 +9,26 @@
   ... --debug    # on a refusal, print the traceback above the error line
 
 The workdir is the run's own: `run.lock` there names the holder, and a second run on it is
-refused (dapo_jax.run_lock). A resume keeps the config the checkpoint was trained with; only the
+refused (dapo_jax.workdir.lock). A resume keeps the config the checkpoint was trained with; only the
 fields in run_config.RESUMABLE may change, and each start is appended to config.history.jsonl
-before config.json is replaced (dapo_jax.run_config). SIGTERM (a preemption notice), SIGINT
+before config.json is replaced (dapo_jax.workdir.run_config). SIGTERM (a preemption notice), SIGINT
 (Ctrl-C) and SIGHUP save a checkpoint at the end of the current step and exit with status 75
 (run_state.PREEMPTED_EXIT: a job controller restarts it); `--resume` continues from it.
-`<workdir>/state.json` records how the start ended (dapo_jax.run_state). Resuming
+`<workdir>/state.json` records how the start ended (dapo_jax.workdir.run_state). Resuming
 a run that finished does nothing. Every refusal a user can cause (a config value, a data row,
 a resume that changes the experiment, a full disk, a failed save or export, a lost peer) ends
 with exit status 1 and one `error: ...` line, last on stderr; the traceback goes to
 <workdir>/errors.log, and above that line with --debug (dapo_jax.refusals).
 """
 import dataclasses
-import json
 import sys
 import traceback
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from dapo_jax import paths, quiet, refusals, run_state
+from dapo_jax import quiet, refusals
+from dapo_jax.workdir import paths, run_state
 
 flags.DEFINE_string("workdir", None, "Directory for metrics, checkpoints and the exported "
                     "policy: a local path or a bucket URL (gs://...).")
@@ -46,30 +47,12 @@ class _Started:
   distributed: bool = False
 
 
-def _fmt(e: dict, key: str) -> str:
-  return f"{100 * e[key]:.1f}% [95% CI {100 * e[key + '_ci_lo']:.1f}, {100 * e[key + '_ci_hi']:.1f}]"
-
-
-def _finished(workdir: str, num_steps: int) -> dict | None:
-  """The results of a run in `workdir` that already did `num_steps` steps, else None."""
-  path = paths.resolve(workdir) / "results.json"
-  if not path.exists():
-    return None
-  try:
-    results = json.loads(path.read_text())
-    steps = results["steps"]
-  except (ValueError, KeyError, TypeError) as e:
-    raise refusals.Refusal(f"{path}: not a run's results ({refusals.one_line(repr(e))}); move "
-                           f"it aside and rerun with --resume to finish the run again") from None
-  return results if steps >= num_steps else None
-
-
 def _hold(workdir: str):
   """Process 0 takes the workdir's lock; every process learns whether it did."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  from dapo_jax import run_lock  # pylint: disable=import-outside-toplevel
+  from dapo_jax.workdir import lock as run_lock  # pylint: disable=import-outside-toplevel
   lock, refused = None, None
   if jax.process_index() == 0:
     try:
@@ -116,7 +99,6 @@ def main(argv):
 def _record_end(started: _Started, state: str, **fields) -> None:
   """state.json for a start that held the workdir (a refused start leaves the holder's)."""
   if started.lock is not None:
-    from dapo_jax import run_state  # pylint: disable=import-outside-toplevel
     run_state.write(started.workdir, state, **fields)
 
 
@@ -129,82 +111,18 @@ def _main(started: _Started):
   distributed.initialize(cfg.distributed)
   started.distributed = True
   started.lock = _hold(workdir)
-  done = _finished(workdir, cfg.train.num_steps) if FLAGS.resume else None
+  from dapo_jax import job  # pylint: disable=import-outside-toplevel
+  done = job.finished_results(workdir, cfg.train.num_steps) if FLAGS.resume else None
   if done is not None:
     print(f"[resume] {workdir} already finished its {done['steps']} steps (results.json): "
           f"nothing to do", flush=True)
     return
   if started.lock is not None:  # process 0
     quiet.keep_library_log(workdir)
-  _, results = run_job(cfg, workdir, resume=FLAGS.resume,
-                       config_json=FLAGS.config.to_json_best_effort(indent=2))
+  _, results = job.run_job(cfg, workdir, resume=FLAGS.resume,
+                           config_json=FLAGS.config.to_json_best_effort(indent=2))
   if results.get("preempted"):  # saved after a stop signal: not a success for a controller
     sys.exit(run_state.PREEMPTED_EXIT)
-
-
-def run_job(cfg, workdir: str, *, resume: bool, config_json: str):
-  """The job in a workdir this process holds: the start checks, build, the config recorded,
-  training, then the export and results (`finish`). Returns (the train.run.Run, results)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from dapo_jax import run_config  # pylint: disable=import-outside-toplevel
-  start = run_config.check_start(cfg, workdir, resume=resume)
-  quiet.import_tensorflow()  # before JetStream imports it: no CUDA / oneDNN start-up notices
-  from dapo_jax.train import trainer  # pylint: disable=import-outside-toplevel
-  run = trainer.build(cfg, workdir, resume=resume)
-  if jax.process_index() == 0:  # every check passed: this start is the run's
-    run_config.record_start(workdir, cfg, start, config_json=config_json)
-    run_state.write(workdir, "running")
-  results = trainer.train(run, resume=resume)
-  if results.get("preempted"):
-    print(f"[preempt] saved step {results['steps']} in {workdir}/checkpoints; exiting. Continue "
-          f"with --resume", flush=True)
-    if jax.process_index() == 0:
-      run_state.write(workdir, "preempted", step=results["steps"], signal=results["signal"])
-  else:
-    finish(run, results, workdir)
-  return run, results
-
-
-def export(run, out: str) -> None:
-  """The trained policy as an HF checkpoint in `out` (local or a bucket); a failed write is a
-  Refusal naming `out` (the run's last checkpoint is intact, so --resume exports again)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
-  from dapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
-  try:
-    # Every process takes part (the params are gathered across hosts); process 0 writes.
-    hf_io.save_pretrained(nnx.merge(run.model.graphdef, run.loop.state.params), run.model.model_config, out,
-                          overwrite=True)
-    if jax.process_index() == 0:
-      with paths.staged_dir(out) as local:
-        run.task.tokenizer.save_pretrained(local)
-  except (OSError, SafetensorError) as e:
-    why = refusals.os_error_text(e) if isinstance(e, OSError) else refusals.one_line(e)
-    raise refusals.Refusal(
-        f"export of the trained policy to {out} failed: {why}. The run's last checkpoint "
-        f"(step {run.loop.step}) is intact: fix the cause (free space there) and rerun with "
-        f"--resume to export again") from e
-  if jax.process_index() == 0:
-    print(f"[export] HF checkpoint: {out}")
-
-
-def finish(run, results: dict, workdir: str) -> None:
-  """A finished run's export (checkpoint.export_hf), results.json and report."""
-  import jax  # pylint: disable=import-outside-toplevel
-  if run.cfg.checkpoint.export_hf:
-    export(run, f"{workdir}/export")
-  if jax.process_index() == 0:
-    paths.write_text(f"{workdir}/results.json", json.dumps(results, indent=2))
-    run_state.write(workdir, "finished", step=results["steps"])
-    _report(results, run.cfg.eval.num_samples, workdir)
-
-
-def _report(results: dict, k: int, workdir: str):
-  if "before" in results:
-    print(f"[eval] before: avg@{k} {_fmt(results['before'], f'avg@{k}')}")
-  print(f"[eval] after:  avg@{k} {_fmt(results['after'], f'avg@{k}')}")
-  print(f"[logs] {workdir}/metrics.jsonl, tensorboard in {workdir}/tensorboard")
 
 
 def parse_flags(argv):

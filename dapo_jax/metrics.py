@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from dapo_jax import metrics_wandb
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.core import stats
 
 log = logging.getLogger("dapo_jax")

@@ -12,8 +12,8 @@ writes each start's part of the run under <workdir>/wandb/ for `wandb sync`.
 import tempfile
 import uuid
 
-from dapo_jax import paths
-from dapo_jax import run_config
+from dapo_jax.workdir import paths
+from dapo_jax.workdir import run_config
 
 ID_FILE = "wandb_id.txt"
 

@@ -78,7 +78,7 @@ def keep_library_log(workdir: str) -> str | None:
   local; a bucket's stay off). Returns that file's path, or None."""
   import logging  # pylint: disable=import-outside-toplevel
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
-  from dapo_jax import paths  # pylint: disable=import-outside-toplevel
+  from dapo_jax.workdir import paths  # pylint: disable=import-outside-toplevel
   if paths.is_url(workdir):
     return None
   path = os.path.join(workdir, LIBRARY_LOG)

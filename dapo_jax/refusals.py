@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 
 ERRORS_LOG = "errors.log"
 # (module, class): refusals defined in modules that import JAX or orbax. Looked up only when
@@ -109,7 +109,7 @@ def stop(e: BaseException, line: str, *, debug: bool, workdir=None) -> None:
   """Prints the traceback (stderr with `debug`, else <workdir>/errors.log when given) and
   `line` last on stderr, then ends the process with status 1 (os._exit: no thread of orbax or
   jax.distributed prints after it or waits for a peer that is gone)."""
-  from dapo_jax import run_lock  # pylint: disable=import-outside-toplevel
+  from dapo_jax.workdir import lock as run_lock  # pylint: disable=import-outside-toplevel
   if debug:
     traceback.print_exception(e)
   else:

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dapo_jax import analysis, analysis_stats  # noqa: E402
+from dapo_jax.analysis import ablations, stats  # noqa: E402
 
 METRIC = "avg@8"
 _K_RE = re.compile(r"^staleness(?P<k>\d+)$")
@@ -68,7 +68,7 @@ def summarize(root: str) -> list[dict]:
   """Rows by k (finished runs only: those with results.json), each k >= 1 compared with k = 0
   on the seeds both finished; Holm over those comparisons."""
   by_k = {}
-  for run in analysis.load_runs(root).values():
+  for run in ablations.load_runs(root).values():
     m = _K_RE.match(run.group)
     if m is None:
       raise ValueError(f"{root}/{run.name}: not a staleness run (expected staleness<k>_s<seed>)")
@@ -82,7 +82,7 @@ def summarize(root: str) -> list[dict]:
     row = {"k": k, **_arm(by_k[k])}
     if k:
       mine = {r.seed: r.final_eval(METRIC) for r in by_k[k]}
-      t = analysis_stats.one_sample_t([mine[s] - base[s] for s in sorted(mine) if s in base])
+      t = stats.one_sample_t([mine[s] - base[s] for s in sorted(mine) if s in base])
       row.update(diff=t.diff, ci_half=t.half, p=t.p, paired_seeds=t.n)
     rows.append(row)
   # Holm's m counts distinct tests: arms whose per-seed results are bit-identical (k beyond the
@@ -93,7 +93,7 @@ def summarize(root: str) -> list[dict]:
       key = tuple(sorted((run.seed, run.final_eval(METRIC)) for run in by_k[r["k"]]))
       tests.setdefault(key, []).append(r)
   distinct = list(tests.values())
-  for same, p_adj in zip(distinct, analysis_stats.holm([same[0]["p"] for same in distinct])):
+  for same, p_adj in zip(distinct, stats.holm([same[0]["p"] for same in distinct])):
     for r in same:
       r.update(p_adj=p_adj, same_as=same[0]["k"] if r is not same[0] else None)
   for r in rows:

@@ -32,7 +32,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from dapo_jax.run_state import PREEMPTED_EXIT  # noqa: E402  (no JAX: the parent stays light)
+from dapo_jax.workdir.run_state import PREEMPTED_EXIT  # noqa: E402  (no JAX: the parent stays light)
 CONFIG = "configs/tiny_cpu.py:runlocal=True"
 CHAOS_SETTINGS = {
     "train.batch_size": 4, "train.num_minibatches": 2, "algo.gen_batch_size": 3,

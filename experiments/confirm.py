@@ -10,7 +10,7 @@ EXPECTED: the registered runs finished so far (of arms x seeds), the looks taken
   seeds needs every arm of the first n registered seeds finished), then one line per claim:
   difference a - b at the look that decided it (or the last look taken), raw p, sequential p,
   Holm-adjusted p, the repeated confidence interval, and the verdict (reproduced, refuted,
-  bounded, undecided). The logic is dapo_jax/analysis_confirm.py's.
+  bounded, undecided). The logic is dapo_jax/analysis/confirm.py's.
 """
 import argparse
 import json
@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dapo_jax import analysis, analysis_confirm  # noqa: E402
+from dapo_jax.analysis import ablations, confirm  # noqa: E402
 
 
 def _fmt(v, spec=".3g"):
@@ -27,7 +27,7 @@ def _fmt(v, spec=".3g"):
 
 
 def render(reg, runs, records) -> str:
-  done = analysis_confirm.finished_seeds(reg, runs)
+  done = confirm.finished_seeds(reg, runs)
   names = reg.run_names()
   finished = sum(1 for n in names if n in runs and runs[n].results.get("after"))
   lines = [f"{reg.campaign}: {finished} of {len(names)} registered runs finished; "
@@ -64,21 +64,21 @@ def main(argv=None):
   p.add_argument("--plan", action="store_true", help="print the design's power and stop")
   p.add_argument("--verdicts", default=None, help="also write the records into this file")
   args = p.parse_args(argv)
-  reg = analysis_confirm.load_registration(args.registration)
+  reg = confirm.load_registration(args.registration)
   if args.plan:
     print(f"{reg.campaign}: looks {list(reg.looks)}, O'Brien–Fleming, Holm over "
           f"{len(reg.claims)} claims at family α {reg.alpha} (power of each claim alone at "
           f"α / {len(reg.claims)})")
-    for row in analysis_confirm.plan(reg):
+    for row in confirm.plan(reg):
       print(f"- {row['id']}: effect {row['effect']:.3f} sd ({row['effect_label']}): power "
             f"{row['power']:.3f}")
     return
   root = os.path.join(args.results, reg.runs)
-  runs = analysis.load_runs(root) if os.path.isdir(root) else {}
-  records = analysis_confirm.decide(reg, runs)
+  runs = ablations.load_runs(root) if os.path.isdir(root) else {}
+  records = confirm.decide(reg, runs)
   print(render(reg, runs, records))
   if args.verdicts:
-    analysis.write_verdicts(merge_verdicts(args.verdicts, records), args.verdicts)
+    ablations.write_verdicts(merge_verdicts(args.verdicts, records), args.verdicts)
 
 
 if __name__ == "__main__":

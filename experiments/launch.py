@@ -55,7 +55,7 @@ from launch_pod import Pod, aot_check, aot_key, tpu_pod_command  # noqa: E402,F4
 from launch_runs import (REPO, LaunchError, Outcome, RunSpec, expand,  # noqa: E402,F401
                          load_module, outcome, summarise, summary_row)
 import launch_runs  # noqa: E402
-from dapo_jax import paths, run_state  # noqa: E402
+from dapo_jax.workdir import paths, run_state  # noqa: E402
 
 QR_POLL_S = 30.0  # seconds between two looks at a queued resource's state
 

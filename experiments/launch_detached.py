@@ -1,8 +1,8 @@
 """Runs that outlive the launcher: a pod's run started detached on every worker and followed
 through its workdir, and the `--action=status` / `--action=stop` of any launch.
 
-A run writes its own record, `<workdir>/state.json` (dapo_jax.run_state), and holds
-`<workdir>/run.lock` with a heartbeat (dapo_jax.run_lock). Both live in the workdir (a bucket
+A run writes its own record, `<workdir>/state.json` (dapo_jax.workdir.run_state), and holds
+`<workdir>/run.lock` with a heartbeat (dapo_jax.workdir.lock). Both live in the workdir (a bucket
 for a pod), so the state of a run is read from any machine, whether or not the launch that
 started it is still there:
 
@@ -22,7 +22,7 @@ import socket
 import time
 
 from launch_runs import Outcome, RunSpec
-from dapo_jax import paths, run_lock, run_state
+from dapo_jax.workdir import paths, lock as run_lock, run_state
 
 POLL_S = 30.0         # seconds between two reads of a detached run's workdir
 START_GRACE_S = 3600  # a detached run with no record of this launch after this long failed

@@ -1,6 +1,6 @@
 """The runs of a launch: a config's sweep expanded into RunSpecs, and each run's state.
 
-A run's state is read from its workdir (local or a bucket, through dapo_jax.paths) and, once it
+A run's state is read from its workdir (local or a bucket, through dapo_jax.workdir.paths) and, once it
 ran, from its exit status and the last `error:` line of its output:
 
   finished   results.json written
@@ -21,7 +21,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from dapo_jax import paths, run_state  # noqa: E402  (etils only: no JAX in the launcher)
+from dapo_jax.workdir import paths, run_state  # noqa: E402  (etils only: no JAX in the launcher)
 from dapo_jax.train import checkpoint_dirs  # noqa: E402
 
 

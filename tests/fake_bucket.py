@@ -1,6 +1,6 @@
 """A fake gs:// bucket for offline tests: `gs://<bucket>/<key>` is stored under a local root.
 
-`install(monkeypatch, root)` routes etils.epath's gs:// backend (what dapo_jax.paths and orbax's
+`install(monkeypatch, root)` routes etils.epath's gs:// backend (what dapo_jax.workdir.paths and orbax's
 Python side use) and orbax's TensorStore kvstore for gs:// (its array data) to files under
 `root`, with an object store's limits: no append. Any os-level call that would create or change
 a file given a `gs:/` path fails (AssertionError), so code that turns a URL into a local path

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dapo_jax import analysis, analysis_confirm, analysis_sequential
+from dapo_jax.analysis import ablations, confirm, sequential
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,15 +39,15 @@ def _runs(seeds, gain, rng):
     for arm, acc in (("x", base), ("y", base + gain + 0.002 * rng.standard_normal())):
       train = [{"kind": "train", "step": t, "acc": float(rng.standard_normal())}
                for t in range(1, 11)]
-      runs[f"{arm}_s{s}"] = analysis.RunLog(f"{arm}_s{s}", arm, s, train, [],
+      runs[f"{arm}_s{s}"] = ablations.RunLog(f"{arm}_s{s}", arm, s, train, [],
                                             {"after": {"avg@8": acc}}, {"seed": s})
   return runs
 
 
 def test_decides_at_the_first_look_that_crosses_and_bounds_the_rest(tmp_path):
-  reg = analysis_confirm.load_registration(_registration(tmp_path))
+  reg = confirm.load_registration(_registration(tmp_path))
   runs = _runs(reg.seeds, 0.05, np.random.default_rng(0))
-  recs = {r["id"]: r for r in analysis_confirm.decide(reg, runs)}
+  recs = {r["id"]: r for r in confirm.decide(reg, runs)}
   big, none = recs["big"], recs["none"]
   assert big["verdict"] == "reproduced" and big["look"] == 1 and big["seed_list"] == [100, 101,
                                                                                        102, 103]
@@ -55,7 +55,7 @@ def test_decides_at_the_first_look_that_crosses_and_bounds_the_rest(tmp_path):
   a = [runs[f"y_s{s}"].results["after"]["avg@8"] for s in big["seed_list"]]
   b = [runs[f"x_s{s}"].results["after"]["avg@8"] for s in big["seed_list"]]
   assert big["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
-  assert big["q"] == pytest.approx(analysis_sequential.sequential_p([big["p"]], reg.fractions))
+  assert big["q"] == pytest.approx(sequential.sequential_p([big["p"]], reg.fractions))
   assert none["verdict"] == "bounded" and none["look"] == 3 and none["seeds"] == 12
   assert none["p_by_look"] and len(none["p_by_look"]) == 3
   assert none["repeated_ci_low"] < 0 < none["repeated_ci_high"]
@@ -64,30 +64,30 @@ def test_decides_at_the_first_look_that_crosses_and_bounds_the_rest(tmp_path):
 
 
 def test_a_look_waits_for_every_arm_of_its_seeds_in_registered_order(tmp_path):
-  reg = analysis_confirm.load_registration(_registration(tmp_path))
+  reg = confirm.load_registration(_registration(tmp_path))
   runs = _runs(reg.seeds, 0.0, np.random.default_rng(1))
   del runs["x_s103"]                   # seed 103 unfinished: only seeds 100-102 are complete
-  recs = analysis_confirm.decide(reg, runs)
+  recs = confirm.decide(reg, runs)
   assert all(r["looks_taken"] == [] and r["verdict"] == "undecided" for r in recs)
-  runs["x_s103"] = analysis.RunLog("x_s103", "x", 103, [], [], {})  # running: no "after"
-  assert analysis_confirm.finished_seeds(reg, runs) == [100, 101, 102]
+  runs["x_s103"] = ablations.RunLog("x_s103", "x", 103, [], [], {})  # running: no "after"
+  assert confirm.finished_seeds(reg, runs) == [100, 101, 102]
   # an unregistered seed never counts
   runs.update(_runs([7], 0.0, np.random.default_rng(2)))
-  assert 7 not in analysis_confirm.finished_seeds(reg, runs)
+  assert 7 not in confirm.finished_seeds(reg, runs)
 
 
 def test_refuted_when_it_crosses_with_the_other_sign(tmp_path):
-  reg = analysis_confirm.load_registration(_registration(tmp_path))
-  recs = analysis_confirm.decide(reg, _runs(reg.seeds, -0.05, np.random.default_rng(3)))
+  reg = confirm.load_registration(_registration(tmp_path))
+  recs = confirm.decide(reg, _runs(reg.seeds, -0.05, np.random.default_rng(3)))
   assert recs[0]["verdict"] == "refuted" and recs[0]["p_adj"] <= 0.05
 
 
 def test_a_run_whose_config_has_another_seed_is_an_error(tmp_path):
-  reg = analysis_confirm.load_registration(_registration(tmp_path))
+  reg = confirm.load_registration(_registration(tmp_path))
   runs = _runs(reg.seeds, 0.0, np.random.default_rng(4))
   runs["y_s101"].config["seed"] = 1
   with pytest.raises(ValueError, match="y_s101: config.json has seed 1"):
-    analysis_confirm.decide(reg, runs)
+    confirm.decide(reg, runs)
 
 
 @pytest.mark.parametrize("change,match", [
@@ -100,14 +100,14 @@ def test_a_run_whose_config_has_another_seed_is_an_error(tmp_path):
 ])
 def test_bad_registrations_name_the_file(tmp_path, change, match):
   with pytest.raises(ValueError, match=match):
-    analysis_confirm.load_registration(_registration(tmp_path, **change))
+    confirm.load_registration(_registration(tmp_path, **change))
 
 
 def test_confirm_script_writes_its_family_and_keeps_the_others(tmp_path, capsys):
   sys.path.insert(0, REPO)
-  confirm = importlib.import_module("experiments.confirm")
+  script = importlib.import_module("experiments.confirm")
   reg_path = _registration(tmp_path)
-  reg = analysis_confirm.load_registration(reg_path)
+  reg = confirm.load_registration(reg_path)
   for name, run in _runs(reg.seeds[:4], 0.05, np.random.default_rng(5)).items():
     d = tmp_path / "results" / "c" / name
     d.mkdir(parents=True)
@@ -117,23 +117,23 @@ def test_confirm_script_writes_its_family_and_keeps_the_others(tmp_path, capsys)
   verdicts = tmp_path / "verdicts.json"
   verdicts.write_text(json.dumps([{"claim": "old", "family": "ladder", "p_adj": 1.0,
                                    "phase": "exploratory"}]))
-  confirm.main([f"--registration={reg_path}", f"--results={tmp_path / 'results'}",
+  script.main([f"--registration={reg_path}", f"--results={tmp_path / 'results'}",
                 f"--verdicts={verdicts}"])
   out = capsys.readouterr().out
   assert "8 of 24 registered runs finished" in out and "-> reproduced" in out
   rows = json.loads(verdicts.read_text())
   assert [r["family"] for r in rows] == ["c", "c", "ladder"]
-  confirm.main([f"--registration={reg_path}", f"--results={tmp_path / 'results'}",
+  script.main([f"--registration={reg_path}", f"--results={tmp_path / 'results'}",
                 f"--verdicts={verdicts}"])  # re-running replaces, never appends
   assert len(json.loads(verdicts.read_text())) == 3
-  confirm.main([f"--registration={reg_path}", "--plan"])
+  script.main([f"--registration={reg_path}", "--plan"])
   assert "big: effect 1.000 sd (pilot): power" in capsys.readouterr().out
 
 
 def test_endpoint_names_an_unknown_summary():
-  run = analysis.RunLog("x_s0", "x", 0, [{"kind": "train", "step": 1, "acc": 1.0}], [],
+  run = ablations.RunLog("x_s0", "x", 0, [{"kind": "train", "step": 1, "acc": 1.0}], [],
                         {"after": {"avg@8": 0.25}})
-  assert analysis.endpoint(run, "avg@8") == 0.25 and analysis.endpoint(run, "acc:tail") == 1.0
-  assert analysis.endpoint(run, "nope") is None
+  assert ablations.endpoint(run, "avg@8") == 0.25 and ablations.endpoint(run, "acc:tail") == 1.0
+  assert ablations.endpoint(run, "nope") is None
   with pytest.raises(ValueError, match="endpoint 'acc:median': unknown summary 'median'"):
-    analysis.endpoint(run, "acc:median")
+    ablations.endpoint(run, "acc:median")

@@ -1,14 +1,14 @@
 """A claim's mechanism read from pilot runs: each measure per seed, against its stated floor."""
 import pytest
 
-from dapo_jax import analysis, analysis_mechanisms as am
+from dapo_jax.analysis import ablations, mechanisms as am
 
 
 def _run(seed, **series):
   """A RunLog whose train records carry the given per-step values (steps 1..n)."""
   n = len(next(iter(series.values())))
   train = [{"step": i + 1, **{k: v[i] for k, v in series.items()}} for i in range(n)]
-  return analysis.RunLog(f"x_s{seed}", "x", seed, train, [], {"after": {"avg@8": 0.5}})
+  return ablations.RunLog(f"x_s{seed}", "x", seed, train, [], {"after": {"avg@8": 0.5}})
 
 
 def _record(a, b="other", metric="avg@8"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dapo_jax import analysis_sequential as seq
+from dapo_jax.analysis import sequential as seq
 
 
 def test_one_look_is_the_fixed_sample_test():
@@ -61,7 +61,7 @@ def test_sequential_p_inverts_the_nominal_levels():
 
 
 def test_holm_on_sequential_p_steps_down_and_recycles():
-  from dapo_jax.analysis_stats import holm  # pylint: disable=g-import-not-at-top
+  from dapo_jax.analysis.stats import holm  # pylint: disable=g-import-not-at-top
   t = [1 / 3, 2 / 3, 1.0]
   lv = {m: seq.nominal_levels(0.05 / m, t) for m in (1, 2, 3)}
   # last look: smallest p under the 3-claim level, the next under the 2-claim level, the third

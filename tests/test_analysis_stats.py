@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from dapo_jax import analysis_stats as st
+from dapo_jax.analysis import stats as st
 
 
 def test_t_test_p_values_from_closed_forms():

@@ -13,8 +13,9 @@ from flax import nnx
 
 from configs import tiny_cpu
 from dapo_jax import config as config_lib
-from dapo_jax import main as main_lib
-from dapo_jax import quiet, refusals, run_config
+from dapo_jax import job
+from dapo_jax import quiet, refusals
+from dapo_jax.workdir import run_config
 from dapo_jax.models import config as model_config_lib
 from dapo_jax.models import qwen2
 
@@ -114,12 +115,12 @@ def _tiny_run(tmp_path):
 
 def test_a_failed_export_names_the_directory(tmp_path, monkeypatch):
   run = _tiny_run(tmp_path)
-  main_lib.export(run, str(tmp_path / "ok"))  # the same run exports where it can
+  job.export(run, str(tmp_path / "ok"))  # the same run exports where it can
   assert (tmp_path / "ok" / "model.safetensors").is_file()
   blocked = tmp_path / "blocked"
   blocked.write_text("a file where the export goes")
   with pytest.raises(refusals.Refusal) as e:
-    main_lib.export(run, str(blocked))
+    job.export(run, str(blocked))
   assert refusals.error_line(e.value).startswith(
       f"error: export of the trained policy to {blocked} failed: ")
   import safetensors.numpy  # pylint: disable=import-outside-toplevel
@@ -131,7 +132,7 @@ def test_a_failed_export_names_the_directory(tmp_path, monkeypatch):
 
   monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
   with pytest.raises(refusals.Refusal) as e:
-    main_lib.export(run, str(tmp_path / "full"))
+    job.export(run, str(tmp_path / "full"))
   assert refusals.error_line(e.value) == (
       f"error: export of the trained policy to {tmp_path}/full failed: Error while serializing: "
       f"I/O error: No space left on device (os error 28). The run's last checkpoint (step 3) "

@@ -23,8 +23,8 @@ def test_expand_ladder_sweep(tmp_path):
 
 def test_a_registered_campaign_is_a_sweep_in_its_registered_order(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  from dapo_jax import analysis_confirm  # pylint: disable=g-import-not-at-top
-  reg = analysis_confirm.load_registration(
+  from dapo_jax.analysis import confirm  # pylint: disable=g-import-not-at-top
+  reg = confirm.load_registration(
       os.path.join(root, "experiments", "preregistration", "testbed_confirm.json"))
   runs = launch.expand("configs/ladder.py", "testbed_confirm", str(tmp_path))
   assert [r.name for r in runs] == reg.run_names()  # seed-major: a cut-short campaign pairs

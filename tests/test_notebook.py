@@ -1,7 +1,7 @@
 """CI executes the ablation notebook on the committed sweep logs: no cell may error, every
 verdict line must be one of the three verdicts, and each record of verdicts.json — its
 difference, raw p, Holm-adjusted p within its family and verdict — must be what the committed
-logs say, recomputed here from the raw files (not through dapo_jax.analysis). The confirmatory
+logs say, recomputed here from the raw files (not through dapo_jax.analysis.ablations). The confirmatory
 records: the registered seeds in order, each look's raw p from the files; the committed
 verdicts.json must be what the notebook writes."""
 import json

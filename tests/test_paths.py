@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_jax import main as main_lib
+from dapo_jax import job
 from dapo_jax import metrics as metrics_lib
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.data import readers
 from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import trainer
@@ -129,7 +129,7 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
   metrics and results equal an uninterrupted local run's; every file is in the bucket."""
   root, _ = bucket
   with compile_cache.persistent_cache(tmp_path / "jax_cache"):
-    ref, ref_results = main_lib.run_job(_cfg(), str(tmp_path / "ref"), resume=False,
+    ref, ref_results = job.run_job(_cfg(), str(tmp_path / "ref"), resume=False,
                                         config_json="{}")
     step_fn = trainer.rollout_step
 
@@ -140,10 +140,10 @@ def test_a_run_in_a_bucket_resumes_bitwise(tmp_path, monkeypatch, bucket):
       return out
 
     monkeypatch.setattr(trainer, "rollout_step", step_then_sigterm)
-    _, first = main_lib.run_job(_cfg(), "gs://b/run", resume=False, config_json="{}")
+    _, first = job.run_job(_cfg(), "gs://b/run", resume=False, config_json="{}")
     assert first["preempted"] and first["steps"] == 1
     monkeypatch.setattr(trainer, "rollout_step", step_fn)
-    run, results = main_lib.run_job(_cfg(), "gs://b/run", resume=True, config_json="{}")
+    run, results = job.run_job(_cfg(), "gs://b/run", resume=True, config_json="{}")
   for a, b in zip(jax.tree.leaves(ref.loop.state), jax.tree.leaves(run.loop.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   wd = root / "b/run"
@@ -166,7 +166,8 @@ def test_load_pretrained_from_a_bucket_reads_each_row_once(bucket, monkeypatch, 
   mesh; each tensor's bytes are read once in all, in one block of rows per device."""
   import shutil  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from dapo_jax import remote_safetensors, sharding  # pylint: disable=import-outside-toplevel
+  from dapo_jax import sharding  # pylint: disable=import-outside-toplevel
+  from dapo_jax.workdir import remote_safetensors
   from dapo_jax.models import hf_io  # pylint: disable=import-outside-toplevel
   root, _ = bucket
   local = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

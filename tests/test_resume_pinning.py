@@ -10,8 +10,8 @@ import pytest
 
 from configs import tiny_cpu
 from dapo_jax import config as config_lib
-from dapo_jax import main as main_lib
-from dapo_jax import run_config
+from dapo_jax import job
+from dapo_jax.workdir import run_config
 from tests import compile_cache
 from tests.test_trainer import fake_rewards, tiny_config  # noqa: F401  (autouse fixture)
 
@@ -101,8 +101,8 @@ def test_a_longer_resume_continues_and_is_recorded(tmp_path, capsys):
   two = tiny_config(**{"train.num_steps": 2, "checkpoint.every_steps": 1})
   three = tiny_config(**{"train.num_steps": 3, "checkpoint.every_steps": 1})
   with compile_cache.persistent_cache(tmp_path / "jax_cache"):  # the resume compiles nothing
-    main_lib.run_job(two, str(tmp_path / "run"), resume=False, config_json='{"num_steps": 2}')
-    _, results = main_lib.run_job(three, str(tmp_path / "run"), resume=True,
+    job.run_job(two, str(tmp_path / "run"), resume=False, config_json='{"num_steps": 2}')
+    _, results = job.run_job(three, str(tmp_path / "run"), resume=True,
                                   config_json='{"num_steps": 3}')
   tmp_path = tmp_path / "run"
   assert results["steps"] == 3

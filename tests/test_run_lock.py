@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dapo_jax import run_lock
+from dapo_jax.workdir import lock as run_lock
 from tests import fake_bucket
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +114,7 @@ def test_second_run_is_refused_and_the_first_runs_files_are_untouched(tmp_path):
 
 _RACE = r"""
 import json, multiprocessing as mp, os, subprocess, sys, time
-from dapo_jax import run_lock
+from dapo_jax.workdir import lock as run_lock
 
 def contender(workdir, barrier, out):
   barrier.wait()

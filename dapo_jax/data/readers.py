@@ -6,7 +6,7 @@ integer index); and jsonl eval files (problem, answer, id / unique_id). Every ro
 ValueError naming file and row, or, with skip_bad=True (a run's config.task.skip_bad), is skipped,
 logged and counted. Blank lines of a jsonl file are skipped and counted. Rows are de-duplicated
 by (problem, answer), keeping the first. A data dir or file may be local or a URL (gs://...):
-files are read through dapo_jax.paths.
+files are read through dapo_jax.workdir.paths.
 """
 import contextlib
 import dataclasses
@@ -15,7 +15,7 @@ import logging
 import os
 import pathlib
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.data import template
 from dapo_jax.data.example import Example, SkipReport, integer_answer
 

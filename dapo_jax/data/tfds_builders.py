@@ -13,7 +13,7 @@ Where the source file comes from, first match wins: config.url (downloaded by tf
 (a file, or a directory holding the default file name), the TFDS manual dir, then the default of
 readers.default_path (vendored eval sets, or the shared data dir / $DAPO_SHARED_DATA for
 DAPO-Math-17k). config.path, the manual dir and tfds' data_dir may each be local or a URL
-(gs://...): read through dapo_jax.paths and tfds' own epath. Rows are read by readers.read_file,
+(gs://...): read through dapo_jax.workdir.paths and tfds' own epath. Rows are read by readers.read_file,
 so TFDS and the plain readers yield the same examples; the dedup/skip report is kept in the
 dataset's metadata (info.metadata["report"]).
 """
@@ -25,7 +25,7 @@ import pathlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.data import readers
 
 _CITATION = """@article{yu2025dapo,

@@ -7,10 +7,10 @@ import json
 import os
 import re
 
-from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
+from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.workdir.paths
 from safetensors import SafetensorError, safe_open
 
-from dapo_jax import paths, remote_safetensors
+from dapo_jax.workdir import paths, remote_safetensors
 from dapo_jax.models.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"

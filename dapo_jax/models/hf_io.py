@@ -15,11 +15,11 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.paths
+from etils.epath import Path  # a local directory or a URL (gs://...): dapo_jax.workdir.paths
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from dapo_jax import paths, remote_safetensors
+from dapo_jax.workdir import paths, remote_safetensors
 from dapo_jax import sharding as shd
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.hf_files import (INDEX_FILE, check_tokenizer, read_config, read_tensor,

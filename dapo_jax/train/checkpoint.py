@@ -13,7 +13,7 @@ reported by name and moved to `<workdir>/corrupt_checkpoints/` (so the run can s
 again). A save that fails (disk full, unwritable directory) raises CheckpointError naming the path,
 and no temporary directory is left behind.
 
-The directory may be local or a bucket (gs://): every file access goes through dapo_jax.paths.
+The directory may be local or a bucket (gs://): every file access goes through dapo_jax.workdir.paths.
 In a bucket orbax has no rename to commit with; it writes the step in place and commits it with
 a `commit_success.txt` written after the callback, so the manifest is written into the step
 directory itself there.
@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.train import checkpoint_dirs
 
 MANIFEST = "dapo_sha256.json"

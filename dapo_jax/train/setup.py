@@ -5,9 +5,10 @@ import os
 
 import jax
 
-from dapo_jax import paths, sharding
+from dapo_jax import sharding
+from dapo_jax.workdir import paths
 from dapo_jax.config import Config
-from dapo_jax.config_sections import (  # noqa: F401  (re-exported: setup.ARCH_FIELDS etc.)
+from dapo_jax.config.sections import (  # noqa: F401  (re-exported: setup.ARCH_FIELDS etc.)
     ARCH_FIELDS, RUN_FIELDS, SOURCE_FIELDS, TRAINER_FIELDS)
 from dapo_jax.data import arith_nl, pipeline, readers, synthetic, testbed
 from dapo_jax.data import tokenizer as tokenizer_lib
@@ -54,9 +55,9 @@ def load_task(cfg: Config) -> Task:
       resolve_path(task.tokenizer), hf_io.TOKENIZER_FILES))  # a bucket's files copied here
   generated = _GENERATED_TASKS.get(task.name)
   if generated is not None:
-    if task.shots:  # worked examples in the prompt (arith_nl; config_checks rejects the rest)
+    if task.shots:  # worked examples in the prompt (arith_nl; config.checks rejects the rest)
       generated = functools.partial(generated, shots=task.shots)
-    if task.difficulty_max:  # mixed difficulty (synthetic; config_checks rejects the rest)
+    if task.difficulty_max:  # mixed difficulty (synthetic; config.checks rejects the rest)
       generated = functools.partial(generated, difficulty_max=task.difficulty_max)
     generated = generated(difficulty=task.difficulty, seed=cfg.seed)
     train = generated.examples("train", task.num_train)

@@ -10,8 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Mapping
 
-from dapo_jax import config_checks
-from dapo_jax.config_sections import (  # noqa: F401  (re-exported: config.Config etc.)
+from dapo_jax.config import checks
+from dapo_jax.config.sections import (  # noqa: F401  (re-exported: config.Config etc.)
     AlgoCfg, CheckpointCfg, Config, DistributedCfg, EvalCfg, LogCfg, MeshCfg, ModelCfg,
     ModeParams, OptimCfg, RolloutCfg, TaskCfg, TrainCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
@@ -85,7 +85,7 @@ _SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "se
 def parse(cfg, overrides=()) -> Config:
   """ConfigDict (or nested dict) -> validated Config. Raises ValueError naming the field.
   `overrides`: the dotted fields set on the command line (`--config.model.num_layers=4` gives
-  "model.num_layers"); those the run would ignore are refused (config_checks.check_overrides)."""
+  "model.num_layers"); those the run would ignore are refused (checks.check_overrides)."""
   raw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
   unknown = sorted(set(raw) - set(_SECTIONS) - {"seed"})
   if unknown:
@@ -99,6 +99,6 @@ def parse(cfg, overrides=()) -> Config:
   hints = typing.get_type_hints(Config)
   sections = {name: _convert(name, hints[name], raw[name]) for name in _SECTIONS}
   c = Config(seed=raw["seed"], **sections)
-  config_checks.validate(c)
-  config_checks.check_overrides(c, overrides)
+  checks.validate(c)
+  checks.check_overrides(c, overrides)
   return c

@@ -5,7 +5,7 @@ before anything imports a model or starts JAX's backends.
 """
 import dataclasses
 
-from dapo_jax.config_sections import (ARCH_FIELDS, AlgoCfg, Config, EvalCfg, LogCfg, ModelCfg,
+from dapo_jax.config.sections import (ARCH_FIELDS, AlgoCfg, Config, EvalCfg, LogCfg, ModelCfg,
                                       OptimCfg, RolloutCfg, TaskCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
 from dapo_jax.core import offpolicy as core_offpolicy

@@ -13,7 +13,7 @@ import json
 import socket
 import time
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 from dapo_jax.train import checkpoint_dirs
 
 CONFIG_JSON = "config.json"

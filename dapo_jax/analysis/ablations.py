@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from dapo_jax.analysis_stats import (  # noqa: F401  (VERDICTS, holm, power_t re-exported)
+from dapo_jax.analysis.stats import (  # noqa: F401  (VERDICTS, holm, power_t re-exported)
     ALPHA, NAN, VERDICTS, TTest, hedges_j, holm, one_sample_t, power_t, seeds_needed, verdict,
     welch_t)
 

@@ -3,13 +3,13 @@
 A registration (experiments/preregistration/<campaign>.json, committed before any of its runs)
 names the campaign's arms, its fresh seeds in the order they run, the looks (numbers of
 complete seeds), the family's α, and the claims: arms a and b (b null: a against 0), endpoint
-(`analysis.endpoint`'s metric) and the paper's direction. `decide` applies it to the runs under
+(`ablations.endpoint`'s metric) and the paper's direction. `decide` applies it to the runs under
 experiments/results/<runs>/<arm>_s<seed>/:
 
 - a look of n seeds is taken only when every arm of the first n registered seeds has finished
   (results.json with "after"); seeds past the last look taken, and every other run, are unused;
 - at each look, every claim's paired two-sided t test over those seeds, its sequential p-value
-  (O'Brien–Fleming, analysis_sequential.sequential_p) and Holm's adjustment of the family's
+  (O'Brien–Fleming, sequential.sequential_p) and Holm's adjustment of the family's
   sequential p-values (p_adj); a claim whose p_adj is at most α is decided at that look, and
   stays decided (its later data are not read);
 - the campaign stops at the look where every claim is decided, or at the last look;
@@ -24,8 +24,8 @@ import json
 import math
 import os
 
-from dapo_jax import analysis, analysis_sequential
-from dapo_jax.analysis_stats import holm
+from dapo_jax.analysis import ablations, sequential
+from dapo_jax.analysis.stats import holm
 
 CONFIRM_VERDICTS = ("reproduced", "refuted", "bounded", "undecided")
 _KEYS = {"campaign", "registered", "family", "runs", "config", "base", "steps", "overrides",
@@ -120,13 +120,13 @@ def finished_seeds(reg: Registration, runs: dict) -> list[int]:
 
 def _test(claim: Claim, runs: dict, seeds) -> tuple:
   def values(arm):
-    return {s: analysis.endpoint(runs[f"{arm}_s{s}"], claim.metric) for s in seeds}
+    return {s: ablations.endpoint(runs[f"{arm}_s{s}"], claim.metric) for s in seeds}
   a = values(claim.a)
   b = values(claim.b) if claim.b is not None else None
   missing = [s for s in seeds if a[s] is None or (b is not None and b[s] is None)]
   if missing:
     raise ValueError(f"{claim.id}: metric {claim.metric!r} missing in seeds {missing}")
-  return analysis.paired_test(a, b)
+  return ablations.paired_test(a, b)
 
 
 def _run_looks(reg: Registration, runs: dict, done: list[int], looks: list[int]) -> tuple:
@@ -144,7 +144,7 @@ def _run_looks(reg: Registration, runs: dict, done: list[int], looks: list[int])
     for c in reg.claims:
       if c.id not in decided_at:
         tests[c.id].append(_test(c, runs, done[:n]))
-    q = [analysis_sequential.sequential_p([x.p for x in tests[c.id]], t) for c in reg.claims]
+    q = [sequential.sequential_p([x.p for x in tests[c.id]], t) for c in reg.claims]
     for c, p_adj in zip(reg.claims, holm(q)):
       if c.id not in decided_at:
         adjusted[c.id] = p_adj
@@ -164,20 +164,20 @@ def _outcome(reg: Registration, c: Claim, tests: list, p_adj: float, decided: bo
     # the look whose boundary it crossed at its level: the first whose own sequential p
     # reaches the adjusted value (recycled alpha can decide it at a later look)
     k_cross = next(j for j in range(len(ps))
-                   if analysis_sequential.sequential_p(ps[:j + 1], t)
-                   <= analysis_sequential.sequential_p(ps, t) * (1 + 1e-9))
+                   if sequential.sequential_p(ps[:j + 1], t)
+                   <= sequential.sequential_p(ps, t) * (1 + 1e-9))
     x = tests[k_cross]
     verdict = "reproduced" if (x.diff > 0) == (c.expected == "higher") else "refuted"
-    level = analysis_sequential.nominal_levels(reg.alpha / m, t)[k_cross]  # Bonferroni's
+    level = sequential.nominal_levels(reg.alpha / m, t)[k_cross]  # Bonferroni's
   else:
     k_cross = len(ps) - 1
     x = tests[k_cross]
-    level = analysis_sequential.nominal_levels(reg.alpha / left, t)[k_cross]
+    level = sequential.nominal_levels(reg.alpha / left, t)[k_cross]
     verdict = "bounded" if final else "undecided"
-  lo, hi = analysis_sequential.repeated_ci(diff=x.diff, sd=x.sd, n=x.n, level_p=level)
+  lo, hi = sequential.repeated_ci(diff=x.diff, sd=x.sd, n=x.n, level_p=level)
   return dict(look=k_cross + 1, seeds=x.n, diff=x.diff, ci_low=x.diff - x.half,
               ci_high=x.diff + x.half, sd_diff=x.sd, p=x.p, p_by_look=ps,
-              q=analysis_sequential.sequential_p(ps, t), p_adj=p_adj, repeated_ci_low=lo,
+              q=sequential.sequential_p(ps, t), p_adj=p_adj, repeated_ci_low=lo,
               repeated_ci_high=hi, repeated_ci_level=level, verdict=verdict)
 
 
@@ -212,6 +212,6 @@ def plan(reg: Registration) -> list[dict]:
   for c in reg.raw["claims"]:
     for label, effect in c["planning"]["effects"].items():
       rows.append({"id": c["id"], "effect_label": label, "effect": effect,
-                   "power": analysis_sequential.power(effect=effect, looks=reg.looks,
+                   "power": sequential.power(effect=effect, looks=reg.looks,
                                                       alpha=reg.alpha / len(reg.claims))})
   return rows

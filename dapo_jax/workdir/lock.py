@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 
 LOCK = "run.lock"
 HEARTBEAT_S = 60.0

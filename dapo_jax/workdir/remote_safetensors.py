@@ -1,4 +1,4 @@
-"""Safetensors files behind a URL (gs://...), read through dapo_jax.paths without a local copy.
+"""Safetensors files behind a URL (gs://...), read through dapo_jax.workdir.paths without a local copy.
 
 safetensors' own reader maps a local file into memory; a bucket has no such file. `open_file`
 reads a file's header (8 bytes of length, then JSON: each tensor's dtype, shape and byte range)
@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
           "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,

@@ -45,7 +45,7 @@ class ModelCfg:
 # How each ModelCfg field reaches the model (tests/test_aot.py fails on an unlisted field):
 # SOURCE_FIELDS pick where weights come from; ARCH_FIELDS are the architecture, from the config
 # (source="config") or from the checkpoint's config.json (source="hf": vocab_size must then be
-# 0 or equal, and the others may not be set on the command line: config_checks.check_overrides);
+# 0 or equal, and the others may not be set on the command line: config.checks.check_overrides);
 # RUN_FIELDS are run settings applied to the model whatever the source (train/setup.py).
 SOURCE_FIELDS = ("source", "hf_path")
 ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

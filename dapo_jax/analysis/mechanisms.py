@@ -3,7 +3,7 @@
 A claim can only be decided when its technique has something to act on: tokens the upper clip
 binds on (Clip-Higher), responses at the length limit (the overlong filter and the soft
 punishment), a spread of response lengths (the token-level loss), uniform groups (dynamic
-sampling, Fig. 3b). Each measure is a train metric summarised per run (analysis.ENDPOINTS'
+sampling, Fig. 3b). Each measure is a train metric summarised per run (ablations.ENDPOINTS'
 names); a measure with a floor is "reached" when every pilot seed reaches it. The floors are a
 judgment, set by hand as the smallest share taken to act (the clip's 0.1 % of tokens sits above
 the first ladder's 0.03 %); they are stated so that a reader can apply others.
@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from dapo_jax import analysis
+from dapo_jax.analysis import ablations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +27,8 @@ class Measure:
   floor: float | None  # the mechanism acts when every pilot seed reaches it; None: descriptive
 
 
-ENDPOINTS = {"run_mean": analysis.run_mean, "slope": analysis.slope,
-             "tail": analysis.tail_mean}
+ENDPOINTS = {"run_mean": ablations.run_mean, "slope": ablations.slope,
+             "tail": ablations.tail_mean}
 _CLIP = Measure("clipfrac_upper:run_mean", "share of tokens the upper clip binds on", 0.001)
 _TRUNC = Measure("truncated_frac:run_mean", "share of responses cut at the length limit", 0.01)
 # the token-level loss reweights only where lengths differ: p90 length over mean length
@@ -55,7 +55,7 @@ def measures_of(record: dict) -> tuple[Measure, ...]:
   return BY_ARM[record["a"]]
 
 
-def value(run: analysis.RunLog, metric: str) -> float | None:
+def value(run: ablations.RunLog, metric: str) -> float | None:
   """A run's value of a measure's metric (length_p90_over_mean: per step, then summarised)."""
   key, _, endpoint = metric.partition(":")
   if key == "length_p90_over_mean":

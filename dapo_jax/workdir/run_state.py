@@ -13,14 +13,14 @@ state here instead of guessing it from an exit status or a shared log. Process 0
 
 Each record carries `launch`, the launcher's DAPO_LAUNCH_ID when one started it, so that a
 launcher reads only its own launch's outcome. A run killed outright (SIGKILL, a lost VM) leaves
-`running`: its lock's heartbeat (dapo_jax.run_lock) then tells whether it is still alive.
+`running`: its lock's heartbeat (dapo_jax.workdir.lock) then tells whether it is still alive.
 """
 import json
 import os
 import socket
 import time
 
-from dapo_jax import paths
+from dapo_jax.workdir import paths
 
 STATE = "state.json"
 STATES = ("running", "preempted", "interrupted", "finished", "failed")
