@@ -20,6 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # dapo_jax, for the random models
 import bench_common as common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -92,6 +92,11 @@ def base_config() -> ml_collections.ConfigDict:
       ),
       is_correction="none",     # off-policy correction: none | tis_token | tis_seq | mask_token | mask_seq
       is_cap=2.0,               # IS weight cap (tis) / band [1/cap, cap] (mask)
+      # verl's rollout correction (core.offpolicy), exclusive with is_correction:
+      rollout_is="none",        # IS weights: none | token | sequence
+      rollout_is_threshold="2.0",  # "u" truncates at u (TIS); "l_u" zeroes outside [l, u] (IcePop)
+      rollout_rs="none",        # rejection: none | comma list, e.g. "token_k1,seq_mean_k3"
+      rollout_rs_threshold="2.0",  # one shared or one per option; k1: "l_u" or u = [1/u, u]
       adv_scale_by_std=True,
       adv_eps=1e-6,
       overlong_filter=False,

@@ -194,7 +194,8 @@ class PhaseTimer:
 # Update aux that are per-token fractions or means: combined across mini-batches weighted by each
 # mini-batch's loss-token count (within a mini-batch train_step already weights micro-batches so).
 TOKEN_WEIGHTED = ("clipfrac", "clipfrac_upper", "clipfrac_lower", "clipfrac_dual", "approx_kl",
-                  "ratio_mean", "selected_frac", "is_corrected_frac", "is_logp_diff_abs_mean")
+                  "ratio_mean", "selected_frac", "is_corrected_frac", "is_logp_diff_abs_mean",
+                  "is_outside_frac", "is_weight_mean", "rs_token_frac")
 
 
 def combine_updates(step_metrics: list[dict]) -> dict:
@@ -204,7 +205,7 @@ def combine_updates(step_metrics: list[dict]) -> dict:
   out = {}
   for k in step_metrics[0]:
     v = np.array([float(m[k]) for m in step_metrics])
-    if k in TOKEN_WEIGHTED:
+    if k in TOKEN_WEIGHTED or k.startswith("rs_") and k.endswith("_token_frac"):
       out[k] = float(v @ w_tok / max(w_tok.sum(), 1.0))
     elif k == "upclip_prob_mean":
       out[k] = float(v @ w_up / max(w_up.sum(), 1.0))

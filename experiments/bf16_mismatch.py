@@ -86,6 +86,7 @@ def _config(args, dtype: str):
   c.train.batch_size, c.train.num_minibatches = n, 1  # one pass scores every sequence
   c.train.micro_batch_size = min(n * g, 16)            # sequences per slice (host memory)
   c.algo.is_cap, c.seed = args.is_cap, args.seed
+  c.algo.overlong_cache_len = min(c.algo.overlong_cache_len, args.max_new_tokens)  # short runs
   return config_lib.parse(c)
 
 

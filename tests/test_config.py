@@ -156,6 +156,27 @@ def test_sampler_logprobs_need_the_untruncated_distribution(rollout, msg):
     config_lib.parse(c)
 
 
+@pytest.mark.parametrize("algo, msg", [
+    (dict(rollout_is="tokens"), "config.algo.rollout_is: 'tokens'; expected one of"),
+    (dict(rollout_is="token", rollout_is_threshold="0"), "config.algo.rollout_is_threshold: .*> 0"),
+    (dict(rollout_is="sequence", rollout_is_threshold="3_1"),
+     "config.algo.rollout_is_threshold: .*lower bound above the upper"),
+    (dict(rollout_rs="token_k4"), "config.algo.rollout_rs: .*unknown \\['token_k4'\\]"),
+    (dict(rollout_rs="token_k2", rollout_rs_threshold="0.5_2"),
+     "config.algo.rollout_rs_threshold: .*token_k2.*one upper bound"),
+    (dict(rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="2,0.1,3"),
+     "config.algo.rollout_rs_threshold: .*one per option"),
+    (dict(is_correction="tis_token", rollout_rs="token_k1"), "config.algo.rollout_is: .*set one"),
+    (dict(old_logp_source="sampler", rollout_is="token"), "config.algo.is_correction: .*recompute"),
+])
+def test_rollout_correction_refusals_name_the_field(algo, msg):
+  c = _tiny()
+  c.algo.update(**algo)
+  with pytest.raises(ValueError, match=msg):
+    config_lib.parse(c)
+  assert config_lib.parse(_tiny()).algo.corrects_off_policy() is False
+
+
 def test_derived_properties():
   c = config_lib.parse(importlib.import_module("configs.dapo_qwen25_32b").get_config())
   assert c.seq_len == 2048 + 20480

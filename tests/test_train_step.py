@@ -124,6 +124,24 @@ def test_strided_microbatches_and_off_policy_correction():
     _step(graphdef, opt, _cfg(is_correction="tis_seq"))(state, _with(batch, behav_logp_BxS=None))
 
 
+def test_verl_family_in_the_update_equals_the_band_kinds():
+  """rollout_is=token at u is tis_token at cap u and rollout_rs=token_k1 at u is mask_token at u
+  (the same update); sequence IS with a seq_mean_k3 rejection accumulates over micro-batches."""
+  batch = _batch(seed=5)
+  rng = np.random.default_rng(1)
+  batch = _with(batch, behav_logp_BxS=batch.old_logp_BxS + rng.normal(
+      0, 0.5, batch.old_logp_BxS.shape).astype(np.float32) * batch.loss_mask_BxS)
+  m = _assert_same_update(batch, _cfg(is_correction="tis_token", is_cap=1.5),
+                          _cfg(rollout_is="token", rollout_is_threshold="1.5"))
+  _assert_same_update(batch, _cfg(is_correction="mask_token", is_cap=1.5),
+                      _cfg(rollout_rs="token_k1", rollout_rs_threshold="1.5"))
+  kw = dict(rollout_is="sequence", rollout_is_threshold="0.2_5", rollout_rs="seq_mean_k3",
+            rollout_rs_threshold="0.05")
+  got = _assert_same_update(batch, _cfg(**kw), _cfg(micro_batch_size=2, **kw))
+  assert 0 < float(got["rs_token_frac"]) < 1 and 0 < float(got["is_ess"]) <= 1
+  assert float(got["is_logp_diff_abs_mean"]) == pytest.approx(float(m["is_logp_diff_abs_mean"]))
+
+
 @pytest.mark.parametrize("mode, micro", [("dapo", None), ("dapo", 4), ("gspo", 4)])
 def test_on_policy_minibatch_equals_old_logprobs_from_a_separate_pass(mode, micro):
   """Without old_logp the update takes them from its own forward (detached): the same update

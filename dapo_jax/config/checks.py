@@ -127,9 +127,10 @@ def _validate_async(r: "RolloutCfg", a: "AlgoCfg"):
            f"{r.placement!r}); leave it 0")
   _require(not r.partial or r.max_staleness >= 1, "rollout.partial",
            "needs rollout.max_staleness >= 1 (the synchronous loop never syncs mid-rollout)")
-  _require(not r.partial or a.is_correction != "none" or a.old_logp_source == "sampler",
+  _require(not r.partial or a.corrects_off_policy() or a.old_logp_source == "sampler",
            "rollout.partial",
-           "needs the behaviour log-probs in the loss: algo.is_correction (tis_* or mask_*) or "
+           "needs the behaviour log-probs in the loss: algo.is_correction (tis_* or mask_*), "
+           "algo.rollout_is / rollout_rs, or "
            "algo.old_logp_source='sampler'; a partial sequence's tokens come from several "
            "policy versions")
   for field in ("prefilter", "overlong_adaptive"):
@@ -165,7 +166,7 @@ def _validate_algo(a: "AlgoCfg", r: "RolloutCfg"):
   _require(a.old_logp_source != "sampler" or (r.top_p == 1 and r.top_k == 0),
            "algo.old_logp_source", f"'sampler' needs rollout.top_p = 1 and rollout.top_k = 0 "
            f"(got top_p={r.top_p}, top_k={r.top_k}); use 'recompute'")
-  _require(a.old_logp_source != "sampler" or a.is_correction == "none", "algo.is_correction",
+  _require(a.old_logp_source != "sampler" or not a.corrects_off_policy(), "algo.is_correction",
            "needs algo.old_logp_source='recompute' (with 'sampler' old and behaviour log-probs "
            "are the same arrays: nothing to correct)")
 
@@ -185,6 +186,7 @@ def _validate_loss(a: "AlgoCfg"):
     core_losses.resolve_params(a.loss_mode, a.loss_params())
     core_losses.check_agg(a.loss_agg, a.loss_scale_factor, a.loss_mode)
     core_offpolicy.check_is_args(a.is_correction, a.is_cap)
+    _check_rollout_correction(a)
   except ValueError as err:
     name, msg = str(err).split(":", 1)
     raise ValueError(f"config.algo.{field.get(name, name)}:{msg}") from None
@@ -263,3 +265,26 @@ def check_overrides(c: "Config", overrides):
              f"model.{name}", f"set on the command line, but model.source='hf' takes the "
              f"architecture from the checkpoint ({c.model.hf_path}); drop the setting, or use "
              f"model.source='config' for a fresh model of this shape")
+
+
+def _check_rollout_correction(a: "AlgoCfg"):
+  """verl's family: known level and options, thresholds that parse (core.offpolicy's errors,
+  renamed to the config field), and not together with is_correction."""
+  if "none" not in (a.is_correction, a.rollout_is) or (a.is_correction != "none"
+                                                       and a.rollout_rs != "none"):
+    raise ValueError(f"rollout_is: algo.is_correction={a.is_correction!r} and "
+                     f"rollout_is={a.rollout_is!r} / rollout_rs={a.rollout_rs!r} are two "
+                     f"corrections of the same tokens; set one (the other 'none')")
+  if a.rollout_is not in ("none", *core_offpolicy.IS_LEVELS):
+    raise ValueError(f"rollout_is: {a.rollout_is!r}; expected one of "
+                     f"{('none', *core_offpolicy.IS_LEVELS)}")
+  for field, parse in (("rollout_is_threshold", lambda: core_offpolicy.parse_is_threshold(
+      a.rollout_is_threshold)), ("rollout_rs_threshold", lambda: core_offpolicy.parse_rs(
+          a.rollout_rs, a.rollout_rs_threshold))):
+    if getattr(a, field.rsplit("_", 1)[0]) == "none":
+      continue
+    try:
+      parse()
+    except ValueError as err:
+      where = "rollout_rs" if str(err).startswith("rejection_mask: options") else field
+      raise ValueError(f"{where}: {str(err).split(': ', 1)[1]}") from None

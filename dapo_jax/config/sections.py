@@ -126,6 +126,14 @@ class AlgoCfg:
   mode_params: ModeParams
   is_correction: str          # core.offpolicy.IS_KINDS: none | tis_token | tis_seq | mask_*
   is_cap: float               # IS weight cap (tis_*) / band [1/cap, cap] (mask_*); > 1
+  # verl's rollout-correction family (core.offpolicy.is_weights / rejection_mask), instead of
+  # is_correction: IS level none | token | sequence with its threshold ("2.0" truncates, "0.5_2.0"
+  # is IcePop's band), and rejection options (comma list of core.offpolicy.RS_OPTIONS) with one
+  # threshold shared or one per option.
+  rollout_is: str
+  rollout_is_threshold: str
+  rollout_rs: str
+  rollout_rs_threshold: str
   adv_scale_by_std: bool      # False = Dr. GRPO (R − mean)
   adv_eps: float
   overlong_filter: bool       # mask truncated responses out of the loss
@@ -148,6 +156,11 @@ class AlgoCfg:
   entropy_coef: float         # entropy bonus; 0 = off
   router_aux_coef: float      # MoE: weight of the router's load-balancing loss; 0 = off
   old_logp_source: str        # "recompute" (trainer forward, as the reference) | "sampler"
+
+  def corrects_off_policy(self) -> bool:
+    """Whether the loss weighs or masks tokens by the sampler's log-probs (is_correction, or
+    verl's family: rollout_is / rollout_rs); the mini-batch then carries behav_logp_BxS."""
+    return any(v != "none" for v in (self.is_correction, self.rollout_is, self.rollout_rs))
 
   def loss_params(self) -> dict:
     """The keywords of core.losses.policy_loss for this loss mode: the shared clip fields

@@ -69,7 +69,7 @@ def on_policy_update(cfg: Config) -> bool:
   `prepare` then builds an on-policy MiniBatch and runs no log-prob pass."""
   algo = cfg.algo
   return (cfg.train.num_minibatches == 1 and algo.old_logp_source == "recompute"
-          and algo.is_correction == "none" and not loss_modes.MODES[algo.loss_mode].selects)
+          and not algo.corrects_off_policy() and not loss_modes.MODES[algo.loss_mode].selects)
 
 
 def abstract_minibatch(cfg: Config, data_sharding, moe_shape=None) -> MiniBatch:
@@ -86,6 +86,6 @@ def abstract_minibatch(cfg: Config, data_sharding, moe_shape=None) -> MiniBatch:
       loss_mask_BxS=arr(jnp.float32, s), adv_B=arr(jnp.float32),
       pack=PackPlan(*(arr(jnp.int32, s) for _ in range(4)), micro_B=arr(jnp.int32)),
       old_logp_BxS=per_token(not on_policy_update(cfg)),
-      behav_logp_BxS=per_token(algo.is_correction != "none"),
+      behav_logp_BxS=per_token(algo.corrects_off_policy()),
       ref_logp_BxS=per_token(algo.kl_coef > 0),
       expert_ids_BxSxLxK=arr(jnp.int16, s, *moe_shape) if cfg.model.routing_replay else None)

@@ -174,22 +174,43 @@ def _split(x, k: int):
 
 def _off_policy(mb, cfg: Config):
   """The sampler-vs-trainer correction over the whole mini-batch (core.offpolicy): (the
-  mini-batch with its corrected loss mask, the tis weights or None, metrics)."""
+  mini-batch with its corrected loss mask, the IS weights or None, metrics)."""
   algo = cfg.algo
-  if mb.on_policy and (algo.is_correction != "none" or mb.behav_logp_BxS is not None):
+  if mb.on_policy and (algo.corrects_off_policy() or mb.behav_logp_BxS is not None):
     raise ValueError("train_step: an on-policy mini-batch (no old_logp_BxS) has no trainer "
                      "log-probs to weigh the sampler's (behav_logp_BxS) against; needs "
-                     f"config.algo.is_correction='none' (got {algo.is_correction!r}) and no "
-                     "behav_logp_BxS")
+                     f"config.algo.is_correction='none' (got {algo.is_correction!r}), "
+                     "rollout_is and rollout_rs 'none', and no behav_logp_BxS")
   if mb.behav_logp_BxS is None:
-    if algo.is_correction != "none":
-      raise ValueError(f"config.algo.is_correction={algo.is_correction!r} needs the sampler's "
-                       "log-probs in the mini-batch (MiniBatch.behav_logp_BxS)")
+    if algo.corrects_off_policy():
+      raise ValueError(f"config.algo.is_correction={algo.is_correction!r} / rollout_is="
+                       f"{algo.rollout_is!r} / rollout_rs={algo.rollout_rs!r} needs the "
+                       "sampler's log-probs in the mini-batch (MiniBatch.behav_logp_BxS)")
     return mb, None, {}
+  if algo.rollout_is != "none" or algo.rollout_rs != "none":
+    return _rollout_correction(mb, algo)
   weight, mask, aux = offpolicy.is_correction(mb.old_logp_BxS, mb.behav_logp_BxS,
                                               mb.loss_mask_BxS, kind=algo.is_correction,
                                               cap=algo.is_cap)
   weight = weight if algo.is_correction.startswith("tis") else None
+  return dataclasses.replace(mb, loss_mask_BxS=mask), weight, aux
+
+
+def _rollout_correction(mb, algo):
+  """verl's family: IS weights (rollout_is) and a rejection mask (rollout_rs), both from the
+  trainer − sampler log-ratio over the loss mask's tokens, as verl applies them together."""
+  mask = mb.loss_mask_BxS
+  log_ratio = (mb.old_logp_BxS - mb.behav_logp_BxS) * mask
+  aux = {"is_logp_diff_abs_mean": jnp.sum(jnp.abs(log_ratio)) / jnp.maximum(jnp.sum(mask), 1.0)}
+  weight = None
+  if algo.rollout_is != "none":
+    weight, is_aux = offpolicy.is_weights(log_ratio, mask, level=algo.rollout_is,
+                                          threshold=algo.rollout_is_threshold)
+    aux.update(is_aux)
+  if algo.rollout_rs != "none":
+    mask, rs_aux = offpolicy.rejection_mask(log_ratio, mask, options=algo.rollout_rs,
+                                            thresholds=algo.rollout_rs_threshold)
+    aux.update(rs_aux)
   return dataclasses.replace(mb, loss_mask_BxS=mask), weight, aux
 
 

@@ -79,7 +79,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
     ref, _ = logprob_pass.batched_logprobs(run, run.model.ref_params, rows, with_entropy=False)
   behav = rows.behav_logp_BxS
   rows = dataclasses.replace(rows, old_logp_BxS=old, ref_logp_BxS=ref,
-                             behav_logp_BxS=behav if algo.is_correction != "none" else None)
+                             behav_logp_BxS=behav if algo.corrects_off_policy() else None)
   return Prepared(batch=rows, resp_mask_BxS=resp_mask, adv_NxG=adv_NxG, behav_logp_BxS=behav,
                   logp_BxS=logp, entropy_BxS=entropy)
 
