@@ -66,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
       kv_cache_gib=0.0,         # GiB of KV cache per chip; 0 = every slot at full length
       paged_kv=True,            # page pool + page tables; False = dense per-slot cache
       page_size=16,             # tokens per KV page
+      weight_dtype="auto",      # sampler weights: auto (= model.dtype) | bfloat16 | float32 | int8
       steps_per_call=16,        # decode steps per device call (pages grow by this many tokens)
       max_staleness=0,          # policy versions; 0 = synchronous (sample, train, sync)
       partial=False,            # in-flight sequences continue across weight syncs (staleness >= 1)

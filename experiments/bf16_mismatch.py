@@ -10,11 +10,15 @@ loop's own code) scores the same tokens. Three pairs:
   bf16_sampler__bf16_trainer   the same samples; the trainer computes in bf16 over float32
                                master weights (configs/dapo_qwen25_32b.py's setting)
   f32_sampler__f32_trainer     both float32 (the floor: kernels and batch shapes only)
+  int8_sampler__f32_trainer    the sampler's layer projections int8 per channel (rollout.
+                               weight_dtype="int8", models/quant.py), compute float32
+`--samplers` picks them (default bf16,f32: the first three).
 
 Per pair (metrics.mismatch_figures, the same figures every run logs): |dlogp| percentiles
 and max, k1 / k3 KL estimates, the share of tokens tis_token at `--is_cap` truncates and
 mask_token drops; and per sequence, the share whose sequence ratio e^{sum dlogp} tis_seq
-truncates and mask_seq drops.
+truncates and mask_seq drops; and `family`: the share verl's correction family
+(core.offpolicy: FAMILY below, thresholds recorded) truncates or rejects, per kind.
 
 COMMAND:
   python -m dapo_jax.models.gguf_import --out=runs/smollm2_135m_hf     # once (~25 s)
@@ -45,6 +49,7 @@ import bench_common  # noqa: E402  pylint: disable=wrong-import-position
 import rehearse_kernels  # noqa: E402  pylint: disable=wrong-import-position
 from configs import smollm2_cpu  # noqa: E402
 from dapo_jax import config as config_lib, metrics, sharding  # noqa: E402
+from dapo_jax.core import offpolicy  # noqa: E402
 from dapo_jax.rollout.engine import Engine  # noqa: E402
 from dapo_jax.rollout.sampler import GroupSampler  # noqa: E402
 from dapo_jax.train import logprob_pass, setup  # noqa: E402
@@ -60,6 +65,7 @@ def _flags(argv):
   p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
   p.add_argument("--is_cap", type=float, default=2.0, help="IS cap / band [1/cap, cap]")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--samplers", default="bf16,f32", help="comma list of bf16, f32, int8")
   p.add_argument("--json", default=None, help="write the figures here")
   args = p.parse_args(argv)
   for name in ("prompts", "group_size", "max_new_tokens"):
@@ -67,6 +73,9 @@ def _flags(argv):
       p.error(f"--{name}: must be >= 1, got {getattr(args, name)}")
   if not args.temperature > 0:
     p.error(f"--temperature: must be > 0 (greedy samples have no spread), got {args.temperature}")
+  bad = sorted(set(args.samplers.split(",")) - {"bf16", "f32", "int8"})
+  if bad or not args.samplers:
+    p.error(f"--samplers: unknown {bad or 'none'}; expected a comma list of bf16, f32, int8")
   if not args.is_cap > 1:
     p.error(f"--is_cap: must be > 1, got {args.is_cap}")
   if not os.path.isfile(os.path.join(setup.resolve_path(args.hf_path), "config.json")):
@@ -90,10 +99,10 @@ def _config(args, dtype: str):
   return config_lib.parse(c)
 
 
-def _sample(model, cfg, mesh, prompts, task):
+def _sample(model, cfg, mesh, prompts, task, weight_dtype="auto"):
   r = cfg.rollout
   engine = Engine(model, num_slots=r.num_slots, max_prompt_len=cfg.task.max_prompt_len,
-                  max_len=cfg.seq_len, mesh=mesh)  # keeps the weights in model.cfg.dtype
+                  max_len=cfg.seq_len, mesh=mesh, weight_dtype=weight_dtype)  # auto: model dtype
   return GroupSampler(engine).sample_groups(
       prompts, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
       temperature=r.temperature, seed=cfg.seed, eos_ids=task.eos_ids)
@@ -117,6 +126,33 @@ def pair_figures(trainer_logp, batch, is_cap: float) -> dict:
   out["seq_capped_frac"] = float(np.mean(seq > log_cap))
   out["seq_outside_frac"] = float(np.mean(np.abs(seq) > log_cap))
   out["seq_abs_logratio_max"] = float(np.abs(seq).max())
+  out["family"] = family_figures(trainer_logp, sampler_logp, mask)
+  return out
+
+
+# (kind, keyword arguments) of core.offpolicy measured per pair: IS shares truncated / zeroed,
+# rejection shares of tokens and of sequences
+FAMILY = (("is token 2.0", dict(level="token", threshold="2.0")),
+          ("is token 0.5_2.0", dict(level="token", threshold="0.5_2.0")),
+          ("is sequence 2.0", dict(level="sequence", threshold="2.0")),
+          ("rs token_k1 2.0", dict(options="token_k1", thresholds="2.0")),
+          ("rs seq_mean_k1 0.99_1.01", dict(options="seq_mean_k1", thresholds="0.99_1.01")),
+          ("rs seq_mean_k3 0.001", dict(options="seq_mean_k3", thresholds="0.001")),
+          ("rs seq_max_k3 0.1", dict(options="seq_max_k3", thresholds="0.1")))
+
+
+def family_figures(trainer_logp, sampler_logp, mask) -> dict:
+  lr = np.where(mask, np.asarray(trainer_logp, np.float64) - sampler_logp, 0.0).astype(np.float32)
+  m = mask.astype(np.float32)
+  out = {}
+  for name, kw in FAMILY:
+    if name.startswith("is"):
+      _, aux = offpolicy.is_weights(lr, m, **kw)
+      out[name] = {"outside_frac": float(aux["is_outside_frac"]), "ess": float(aux["is_ess"])}
+    else:
+      _, aux = offpolicy.rejection_mask(lr, m, **kw)
+      out[name] = {"token_frac": float(aux["rs_token_frac"]),
+                   "seq_frac": float(aux["rs_seq_frac"])}
   return out
 
 
@@ -129,8 +165,10 @@ def run(args) -> dict:
   bf16_model, _ = setup.build_model(cfg16, mesh, task.tokenizer)  # float32 master weights
   prompts = rehearse_kernels.prompts_of(cfg32, task, args.prompts)
   out = {}
-  for sampler_dtype, sampler_model in (("bf16", bf16_model), ("f32", f32_model)):
-    rollout = _sample(sampler_model, cfg32, mesh, prompts, task)
+  samplers = {"bf16": (bf16_model, "auto"), "f32": (f32_model, "auto"), "int8": (f32_model, "int8")}
+  for sampler_dtype in args.samplers.split(","):
+    sampler_model, weight_dtype = samplers[sampler_dtype]
+    rollout = _sample(sampler_model, cfg32, mesh, prompts, task, weight_dtype)
     batch = rehearse_kernels.scored_batch(cfg32, rollout, prompts)
     scorers = (("f32", cfg32, f32_model), ("bf16", cfg16, bf16_model))
     for trainer_dtype, cfg, model in scorers[:2 if sampler_dtype == "bf16" else 1]:

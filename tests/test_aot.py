@@ -131,6 +131,22 @@ def test_compiles_for_tpu(tmp_path, topo, extra):
   assert "step peak per chip" in p.stdout
 
 
+@needs_libtpu
+def test_int8_sampler_weights_compile_and_shrink(tmp_path):
+  """rollout.weight_dtype=int8: the sampler's functions compile with int8 projections, and the
+  JSON records the weight dtype and bytes per chip (the projections at a byte, plus scales)."""
+  fns = "--functions=sampler_prefill,sampler_generate_chunk,weight_transfer"
+  got = {w: _aot(tmp_path, "--config=configs/tiny_cpu.py", "--topology=v5e-8", fns, *SMALL,
+                 f"--config.rollout.weight_dtype={w}") for w in ("auto", "int8")}
+  for p, _ in got.values():
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  bf16, int8 = got["auto"][1], got["int8"][1]
+  assert (bf16["sampler_weight_dtype"], int8["sampler_weight_dtype"]) == ("bfloat16", "int8")
+  assert bf16["sampler_weight_bytes_per_chip"] == bf16["resident_buffers"]["sampler_params"]
+  ratio = int8["sampler_weight_bytes_per_chip"] / bf16["sampler_weight_bytes_per_chip"]
+  assert 0.5 < ratio < 0.9  # the embedding (vocab 162 x 512) stays bf16 in a 2-layer model
+
+
 KERNEL_MODEL = [a.replace("head_dim=64", "head_dim=128") for a in SMALL[:-1]]
 
 

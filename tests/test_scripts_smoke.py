@@ -78,9 +78,11 @@ def test_bench_rl_step_runs_at_its_smallest_size(smollm2, tmp_path):
 def test_bf16_mismatch_runs_at_its_smallest_size(smollm2, tmp_path):
   out = tmp_path / "mismatch.json"
   _run(["experiments/bf16_mismatch.py", f"--hf_path={smollm2}", "--prompts=1",
-        "--group_size=2", "--max_new_tokens=4", f"--json={out}"])
+        "--group_size=2", "--max_new_tokens=4", "--samplers=bf16,int8", f"--json={out}"])
   got = json.loads(out.read_text())
-  assert {"bf16_sampler__f32_trainer", "f32_sampler__f32_trainer"} <= set(got["pairs"])
+  assert set(got["pairs"]) == {"bf16_sampler__f32_trainer", "bf16_sampler__bf16_trainer",
+                               "int8_sampler__f32_trainer"}
+  assert "rs seq_mean_k1 0.99_1.01" in got["pairs"]["int8_sampler__f32_trainer"]["family"]
 
 
 def test_run_all_runs_at_its_smallest_size(tmp_path):

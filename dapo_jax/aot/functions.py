@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax import sharding
 from dapo_jax.aot import shapes
+from dapo_jax.models import quant
 from dapo_jax.config import Config
 from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
 from dapo_jax.train import logprob_pass, placement, setup
@@ -133,11 +134,27 @@ def _sampler_slots(cfg: Config, mcfg, smesh, hosts: int) -> int:
       max_len=cfg.seq_len, mesh_shape=smesh.shape, paged=r.paged_kv, hosts=hosts)
 
 
+def weight_dtype(cfg: Config, mcfg) -> str:
+  """The sampler's weight dtype by name (rollout.weight_dtype, "auto" = the compute dtype)."""
+  w = cfg.rollout.weight_dtype
+  return jnp.dtype(mcfg.dtype).name if w == "auto" else w
+
+
+def sampler_model(cfg: Config, mcfg, smesh) -> shapes.Model:
+  """The sampler's abstract model as the Engine holds it: params in rollout.weight_dtype
+  (int8: the projections as quant.Int8Weight, models/quant.py)."""
+  w = weight_dtype(cfg, mcfg)
+  sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype if w == "int8" else w)
+  if w != "int8":
+    return sm
+  return dataclasses.replace(sm, params=quant.abstract_quantized(sm.params, sm.shardings))
+
+
 def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, int, dict]:
   """prefill / insert / generate chunk on one sampler replica's mesh, as engine.py jits them."""
   rollout = cfg.rollout
   slots = _sampler_slots(cfg, mcfg, smesh, hosts)
-  sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype)
+  sm = sampler_model(cfg, mcfg, smesh)
   g, c, rest, record = sm.graphdef, mcfg, {}, cfg.model.routing_replay  # record: the experts
   cache = _sampler_cache(cfg, mcfg, smesh, slots)
   pg, np_batch = cache["spec"], math.ceil(slots / rollout.group_size)  # make_sampler's default
@@ -169,11 +186,12 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
   buffers = {"sampler_params": shapes.bytes_per_chip(sm.params),
              "decode_state": shapes.bytes_per_chip(st), "prefix": shapes.bytes_per_chip(prefix)}
   info = dict(paged_kv=bool(pg), page_size=rollout.page_size,
-              pool_pages_per_host=cache["num_pages"])
+              pool_pages_per_host=cache["num_pages"], sampler_weight_dtype=weight_dtype(cfg, mcfg),
+              sampler_weight_bytes_per_chip=buffers["sampler_params"])
   return jobs, buffers, slots, info
 
 
-def transfer_job(mcfg, model, gmesh, trainer_mesh=None) -> Job:
+def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto") -> Job:
   """Trainer params -> the sampler's dtype and layout on the global sampler mesh (the
   device-to-device all-gather of engine.load_params; each host then keeps its own shards).
   Split placement (`trainer_mesh` given): the all-gather into the sampler's tensor layout on
@@ -182,8 +200,11 @@ def transfer_job(mcfg, model, gmesh, trainer_mesh=None) -> Job:
   if trainer_mesh is not None:
     target = jax.tree.map(lambda s: NamedSharding(trainer_mesh, transfer.tensor_only(s.spec)),
                           target)
-  dtype = jnp.dtype(mcfg.dtype)
-  fn = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p), out_shardings=target)
+  dtype = jnp.dtype(mcfg.dtype if wdtype in ("auto", "int8") else wdtype)
+  cast = lambda p: jax.tree.map(lambda x: x.astype(dtype), p)  # noqa: E731
+  if wdtype == "int8":  # quantised on the sampler's chips, in the same pass
+    target, cast = quant.quantized_shardings(target), lambda p, c=cast: quant.quantize_tree(c(p))
+  fn = jax.jit(cast, out_shardings=target)
   return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
 
 
@@ -204,7 +225,8 @@ def build_plan(cfg: Config, devices, *, hosts: int) -> Plan:
   smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
   sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, hosts)
-  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None)]
+  jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None,
+                                       cfg.rollout.weight_dtype)]
   if placed.split:  # each role's chips hold only its own buffers
     for job in jobs:
       job.resident = tuple(b for b in job.resident if BUFFER_SIDE[b] == job.side)

@@ -12,6 +12,10 @@ from dapo_jax.core import offpolicy as core_offpolicy
 from dapo_jax.core import stats as core_stats
 from dapo_jax.data.synthetic import MAX_DIFFICULTY
 from dapo_jax.data.testbed import DEMO_KNOBS
+# models/quant.WEIGHT_DTYPES (not imported: a config error must not wait for flax; a test
+# holds the two equal)
+SAMPLER_WEIGHT_DTYPES = ("auto", "bfloat16", "float32", "int8")
+
 
 def _require(ok: bool, where: str, msg: str):
   if not ok:
@@ -26,6 +30,11 @@ def validate(c):
   _validate_experts(c.model, c.algo)
   _validate_task(c.task, c.warm_start)
   _validate_rollout(c.rollout)
+  _require(c.rollout.weight_dtype in SAMPLER_WEIGHT_DTYPES, "rollout.weight_dtype",
+           f"must be one of {SAMPLER_WEIGHT_DTYPES}, got {c.rollout.weight_dtype!r}")
+  _require(c.rollout.weight_dtype != "int8" or not c.model.num_experts, "rollout.weight_dtype",
+           "'int8' quantises the dense projections only; a MoE model (model.num_experts > 0) "
+           "keeps 'auto' or 'bfloat16'")
   _validate_async(c.rollout, c.algo)
   _validate_algo(c.algo, c.rollout)
   _validate_loss(c.algo)

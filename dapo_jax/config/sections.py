@@ -101,6 +101,8 @@ class RolloutCfg:
                               # full length); dense, sizing the slots (0 = num_slots)
   paged_kv: bool              # paged KV cache (page pool + page tables); False = dense per slot
   page_size: int              # tokens per KV page
+  weight_dtype: str           # the sampler's weights (models/quant.py): auto (= model.dtype) |
+                              # bfloat16 | float32 | int8 (layer projections, per channel)
   steps_per_call: int         # most decode steps per device call: the host's round-trip and the
                               # paged pool's growth step (a partial rollout's sync points)
   # Rollout and training at the same time (train/pipeline.py, docs/rollout.md):

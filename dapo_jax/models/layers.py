@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dapo_jax.models import moe
+from dapo_jax.models import moe, quant
 from dapo_jax.models.config import ModelConfig
 
 # Finite, so a query row with no visible key (left padding) gives a uniform junk row, not NaN.
@@ -148,9 +148,12 @@ def dense(x, w, *, in_dims: int = 1, out_dtype=None):
   3-D einsum "btd,df->btf" the weight gradient contracts over two axes, and XLA:CPU lays the
   [B, T, F] activation gradient out again with a transposing copy before each weight-gradient
   dot (a third of the tiny model's update time); the 2-D form needs no copy. Same values.
-  out_dtype: the matmul's accumulation / result type (default x's).
+  out_dtype: the matmul's accumulation / result type (default x's). w may be a
+  `quant.Int8Weight` (int8 sampler weights): (x @ q) * scale per output channel.
   """
   lead, k = x.shape[:x.ndim - in_dims], math.prod(x.shape[x.ndim - in_dims:])
+  if isinstance(w, quant.Int8Weight):
+    return quant.dense_int8(x.reshape(-1, k), w, k, out_dtype).reshape(*lead, *w.shape[in_dims:])
   y = jnp.matmul(x.reshape(-1, k), w.astype(x.dtype).reshape(k, -1),
                  preferred_element_type=out_dtype)
   return y.reshape(*lead, *w.shape[in_dims:])

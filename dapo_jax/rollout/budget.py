@@ -92,4 +92,5 @@ def build_sampler(cfg, model, mcfg, mesh):
                       max_len=cfg.seq_len, mesh=mesh, paged_kv=rollout.paged_kv,
                       page_size=rollout.page_size, num_pages=pages,
                       steps_per_call=rollout.steps_per_call,
-                      record_experts=cfg.model.routing_replay)
+                      record_experts=cfg.model.routing_replay,
+                      weight_dtype=rollout.weight_dtype)

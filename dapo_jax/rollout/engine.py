@@ -10,7 +10,6 @@ Shapes are fixed at construction (slots, prompt and total length), sampling para
 params are traced arguments, so neither new params nor refilled slots recompile.
 """
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -20,29 +19,10 @@ from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
+from dapo_jax.models import quant
 from dapo_jax.rollout import device_fns, sampling, state as state_lib, tokenizer as tokenizer_lib
 from dapo_jax.rollout import transfer
 from dapo_jax.rollout.state import DecodeState, Prefix
-
-
-def _positive_int(value, name: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f"{name}: must be a positive int, got {value!r}")
-  return int(value)
-
-
-def _check_sizes(cfg, num_slots, max_prompt_len, max_len, steps_per_call) -> tuple:
-  """The Engine's size arguments, checked: (num_slots, max_prompt_len, max_len, steps)."""
-  sizes = tuple(_positive_int(v, name) for v, name in (
-      (num_slots, "num_slots"), (max_prompt_len, "max_prompt_len"), (max_len, "max_len"),
-      (steps_per_call, "steps_per_call")))
-  if sizes[1] >= sizes[2]:
-    raise ValueError(f"max_len: must exceed max_prompt_len ({max_prompt_len}) to leave room "
-                     f"for a response, got {max_len}")
-  if sizes[2] > cfg.max_position_embeddings:
-    raise ValueError(f"max_len: {max_len} exceeds the model's max_position_embeddings "
-                     f"({cfg.max_position_embeddings})")
-  return sizes
 
 
 class Engine(engine_api.Engine):
@@ -67,6 +47,9 @@ class Engine(engine_api.Engine):
     rules hold, else the reference gather; `device_fns.paged_kernel`).
   record_experts: prefixes and decode chunks also return every token's experts per MoE layer
     (routing replay; a MoE model only).
+  weight_dtype: the sampler's copy of the weights (models/quant.py): "auto" = the compute dtype,
+    "bfloat16" / "float32", or "int8" (the layer projections per-channel int8, quantised here on
+    the engine's devices at every load from the trainer's params; the rest in the compute dtype).
   """
 
   def __init__(self, model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
@@ -74,13 +57,17 @@ class Engine(engine_api.Engine):
                steps_per_call: int = 16, tokenizer_path: str | None = None,
                bos_id: int | None = None, pad_id: int = 0, layer_loop: str = "auto",
                paged_kv: bool = False, page_size: int = 16, num_pages: int | None = None,
-               paged_impl: str = "auto", record_experts: bool = False):
+               paged_impl: str = "auto", record_experts: bool = False,
+               weight_dtype: str = "auto"):
     self.cfg = model.cfg
+    quant.check_model(self.cfg, weight_dtype)
+    self.weight_dtype = weight_dtype
     if record_experts and not self.cfg.moe_layers:
       raise ValueError("record_experts: the model has no MoE layer whose routing to record")
     self.record_experts = bool(record_experts)
-    self._num_slots, self._max_prompt_len, self._max_len, self._steps_per_call = _check_sizes(
-        self.cfg, num_slots, max_prompt_len, max_len, steps_per_call)
+    (self._num_slots, self._max_prompt_len, self._max_len,
+     self._steps_per_call) = state_lib.check_engine_sizes(self.cfg, num_slots, max_prompt_len,
+                                                          max_len, steps_per_call)
     self.serving_sampling = sampling_params.validated(self.cfg.vocab_size)
     self._tokenizer_path, self._bos_id, self._pad_id = tokenizer_path, bos_id, pad_id
     self._requests_inserted = 0  # JetStream path: the sample id of each request's RNG stream
@@ -98,10 +85,12 @@ class Engine(engine_api.Engine):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = transfer.param_shardings(model, mesh)
-    # Weights are kept in the compute dtype (the model casts to it anyway). The engine owns its
-    # copy: a trainer that donates its own buffers can never delete the sampler's.
-    self._dtype = jnp.dtype(model.cfg.dtype)
-    self._params = transfer.transfer_params(params, self._param_shardings, self._dtype)
+    # Weights are kept in the compute dtype (the model casts to it anyway) unless weight_dtype
+    # says otherwise. The engine owns its copy: a trainer that donates its own buffers can never
+    # delete the sampler's.
+    self._dtype = jnp.dtype(model.cfg.dtype if weight_dtype in ("auto", "int8") else weight_dtype)
+    self._like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    self._params = self._placed(params)
     self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
                                 may_alias=False)
     self._compile(graphdef)
@@ -153,12 +142,20 @@ class Engine(engine_api.Engine):
     (only when nothing else holds it: the sampler's weight sync)."""
     if params is None:
       return self._params
-    matched = transfer.match_tree(params, self._params)
+    matched = transfer.match_tree(params, self._like)
     if free_old:
       old, self._params = self._params, None
       jax.tree.map(lambda x: x.delete(), old)
-    self._params = transfer.transfer_params(matched, self._param_shardings, self._dtype)
+    self._params = self._placed(matched)
     return self._params
+
+  def _placed(self, params):
+    """`params` on the engine's mesh in its weight dtype (int8: quantised there, the
+    compute-dtype copy dropped)."""
+    placed = transfer.transfer_params(params, self._param_shardings, self._dtype)
+    if self.weight_dtype != "int8":
+      return placed
+    return quant.quantize_params(placed, self._param_shardings)  # `placed` is freed on return
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> Prefix:
     """Prefix (Np = 1) of one right-padded prompt; the first response token is drawn from it."""

@@ -310,15 +310,18 @@ class _SampleCall:
 def make_sampler(model, *, num_slots: int, max_prompt_len: int, max_len: int, mesh=None,
                  steps_per_call: int = 16, prefill_batch: int | None = None,
                  paged_kv: bool = False, page_size: int = 16,
-                 num_pages: int | None = None, record_experts: bool = False) -> GroupSampler:
+                 num_pages: int | None = None, record_experts: bool = False,
+                 weight_dtype: str = "auto") -> GroupSampler:
   """Fixed entry point: a GroupSampler over a new Engine for `model` (see Engine for args).
 
   steps_per_call: most decode steps per device call (a call also returns as soon as a sample
   ends while others wait, so this only bounds host round-trips). prefill_batch: prompts per
   prefill call (default ceil(num_slots / group_size)). paged_kv / page_size / num_pages: a
   paged KV cache (see Engine). record_experts: routing replay (see Engine, GroupRollout).
+  weight_dtype: the sampler's weights (see Engine; "int8": models/quant.py).
   """
   engine = Engine(model, num_slots=num_slots, max_prompt_len=max_prompt_len, max_len=max_len,
                   mesh=mesh, steps_per_call=steps_per_call, paged_kv=paged_kv,
-                  page_size=page_size, num_pages=num_pages, record_experts=record_experts)
+                  page_size=page_size, num_pages=num_pages, record_experts=record_experts,
+                  weight_dtype=weight_dtype)
   return GroupSampler(engine, prefill_batch=prefill_batch)

@@ -3,6 +3,7 @@
 Slots are the batch rows of the decode state: sharded as the logical `batch` axis (data, fsdp),
 KV heads as `kv_heads` (tensor), through dapo_jax.sharding's rules table; the rest replicated.
 """
+import numbers
 
 import flax.struct
 import jax
@@ -113,3 +114,23 @@ def prefix_shardings(mesh, *, cache_shape, record_experts: bool = False) -> Pref
   rep = NamedSharding(mesh, P())
   return Prefix(cache={"k": cache_s, "v": cache_s}, logits_NpxV=rep, lengths_Np=rep,
                 expert_ids_NpxPxLxK=rep if record_experts else None)
+
+
+def _positive_int(value, name: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f"{name}: must be a positive int, got {value!r}")
+  return int(value)
+
+
+def check_engine_sizes(cfg, num_slots, max_prompt_len, max_len, steps_per_call) -> tuple:
+  """The Engine's size arguments, checked: (num_slots, max_prompt_len, max_len, steps)."""
+  sizes = tuple(_positive_int(v, name) for v, name in (
+      (num_slots, "num_slots"), (max_prompt_len, "max_prompt_len"), (max_len, "max_len"),
+      (steps_per_call, "steps_per_call")))
+  if sizes[1] >= sizes[2]:
+    raise ValueError(f"max_len: must exceed max_prompt_len ({max_prompt_len}) to leave room "
+                     f"for a response, got {max_len}")
+  if sizes[2] > cfg.max_position_embeddings:
+    raise ValueError(f"max_len: {max_len} exceeds the model's max_position_embeddings "
+                     f"({cfg.max_position_embeddings})")
+  return sizes
