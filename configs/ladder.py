@@ -51,6 +51,10 @@ COMMAND (rollout and training at the same time: the DAPO rung at max_staleness 0
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python experiments/launch.py \
       --config=configs/ladder.py --backend=local --parallel=1 --workdir=runs/async \
       --sweep=staleness
+COMMAND (int8 sampler weights with token-level IS at 2 against bf16 sampler weights, the DAPO
+  rung, 3 seeds; exploratory):
+  python experiments/launch.py --config=configs/ladder.py --backend=local --parallel=1 \
+      --workdir=runs/int8_rollout --sweep=int8_rollout
 EXPECTED: see experiments/results/README.md for the measured runtimes and outcomes on this
   machine; the rungs' ordering at this scale is reported with CIs in
   notebooks/ablations.ipynb, including the claims that do not reproduce.
@@ -157,6 +161,12 @@ def variant_overrides() -> dict:
   return out
 
 
+# The sampler's weights: bf16 (compute float32), or int8 with verl's token-level IS at 2.
+INT8_ARMS = {"rollout_bf16": {"rollout.weight_dtype": "bfloat16"},
+             "rollout_int8_is": {"rollout.weight_dtype": "int8", "algo.rollout_is": "token",
+                                 "algo.rollout_is_threshold": "2.0"}}
+
+
 def staleness_overrides(k: int) -> dict:
   """One arm of the staleness sweep: max_staleness k, partial rollouts when k >= 1, the
   token-level truncated IS correction on every arm (k = 0 included), and the sampler on half
@@ -187,7 +197,8 @@ def get_sweep(arg=None):
   (LADDER16_PHASES), each seed-major. testbed_confirm (or any campaign registered under
   REGISTRATIONS): the registration's arms on its base x its seeds, seed-major, each with its
   overrides. staleness: the DAPO rung with each STALENESS as
-  rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. Several names may be joined
+  rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. int8_rollout: the DAPO rung with
+  each INT8_ARMS x SWEEP_SEEDS. Several names may be joined
   with ','.
   """
   names = (arg or "ladder").split(",")
@@ -221,6 +232,9 @@ def get_sweep(arg=None):
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
+    elif name == "int8_rollout":
+      runs += [{"name": f"{arm}_s{s}", "arg": f"rung=dapo,seed={s}", "overrides": o}
+               for s in SWEEP_SEEDS for arm, o in INT8_ARMS.items()]
     elif name == "staleness":
       runs += [{"name": f"staleness{k}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": staleness_overrides(k)} for s in SWEEP_SEEDS for k in STALENESS]
@@ -236,6 +250,7 @@ def get_sweep(arg=None):
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, or a campaign "
+                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, int8_rollout, or "
+                       "a campaign "
                        f"registered under {REGISTRATIONS}")
   return runs
