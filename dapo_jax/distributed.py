@@ -31,7 +31,11 @@ def initialize(dcfg) -> None:
   if dcfg.process_id >= 0:
     kwargs["process_id"] = dcfg.process_id
   # A dead process is declared after HEARTBEAT_S without heartbeats (JAX's default: 100 s); the
-  # watchdog then ends this one, even if it waits in a collective that never returns.
+  # watchdog then ends this one, even if it waits in a collective that never returns. With
+  # recoverability on, the coordination service reports the loss instead of aborting every
+  # process itself: otherwise its abort races this process's last line naming the lost peer
+  # (seen: aborted while fault_line waited on get_live_nodes), and the line is the contract.
+  jax.config.update("jax_enable_recoverability", True)
   jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_S, **kwargs)
   threading.Thread(target=_watchdog, name="dapo_jax_peer_watchdog", daemon=True).start()
 
