@@ -17,7 +17,7 @@ without get_sweep() is one run named "run".
 
 tpu-pod and xpk check first that every distinct run fits the slice (python -m dapo_jax.aot on
 this CPU machine, for --accelerator_type or --topology), also in a dry run; --skip_fit_check
-launches unchecked. --queued_resource asks for the slice and waits for ACTIVE; --setup puts this
+launches unchecked; with --fit_search a refusal names the smallest larger slice that fits. --queued_resource asks for the slice and waits for ACTIVE; --setup puts this
 commit's tree and a Python >= 3.11 environment with requirements-tpu.txt on every worker. A
 pod's run starts detached on every worker (its own session: a dropped ssh or a sleeping laptop
 does not stop it) and the launcher follows it through its workdir; the runs go one after
@@ -95,6 +95,8 @@ def _flags() -> argparse.ArgumentParser:
   add("--topology", default="", help="the fit check's slice when it differs in name only "
       "(v5e-16 for v5litepod-16); default: from --accelerator_type")
   add("--skip_fit_check", action="store_true", help="tpu-pod / xpk: launch unchecked")
+  add("--fit_search", action="store_true", help="tpu-pod / xpk: a run that does not fit is "
+      "compiled for the larger slices of the generation; the refusal names the smallest")
   add("--setup", action="store_true", help="tpu-pod: this commit's tree and "
       "requirements-tpu.txt on every worker first (idempotent)")
   add("--queued_resource", action="store_true", help="tpu-pod: ask for the slice first "
@@ -168,17 +170,6 @@ def runs_of(args) -> list[RunSpec]:
     for run in runs:
       run.read_state = False
   return runs
-
-
-def check(args, runs: list[RunSpec]) -> None:
-  """The fit check of every distinct run still to do (tpu-pod, xpk), unless skipped."""
-  if args.backend not in ("tpu-pod", "xpk") or args.skip_fit_check:
-    return
-  pending = [r for r in runs if r.status() != "finished"]
-  misfits = aot_check(pending, args.topology) if pending else []
-  if misfits:
-    raise LaunchError(f"--topology={args.topology}: {', '.join(misfits)} do(es) not fit the "
-                      f"slice (see the tables above); --skip_fit_check launches anyway")
 
 
 def _show(cmd: list[str]) -> None:
@@ -304,7 +295,7 @@ def main(argv=None) -> int:
     if args.action != "launch":
       return act(args, runs)
     args.launch_id = os.environ[run_state.LAUNCH_ENV] = f"{time.time():.0f}-{os.getpid()}"
-    check(args, runs)
+    launch_pod.fit_check(args, runs)
     if not args.dry_run:
       local_backend.collect_finished(runs, args.results_dir)
     todo = [r for r in runs if r.status() != "finished"

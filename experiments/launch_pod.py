@@ -177,23 +177,63 @@ def aot_key(run: RunSpec) -> tuple:
   return (run.config_arg, tuple(sorted((k, str(v)) for k, v in kept.items())))
 
 
-def aot_check(runs: list, topology: str) -> list[str]:
-  """Compiles each distinct run for the slice (python -m dapo_jax.aot); returns the names of
+def _compile(config_arg: str, kept: tuple, topology: str, *, label: str = ""):
+  cmd = [sys.executable, "-m", "dapo_jax.aot", f"--config={config_arg}",
+         f"--topology={topology}"] + [f"--config.{k}={v}" for k, v in kept]
+  if label:
+    print(f"[aot] {label}: {' '.join(map(shlex.quote, cmd))}", flush=True)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+
+
+def larger_slices(topology: str) -> list[str]:
+  """The slices of `topology`'s generation with more chips, smallest first."""
+  from dapo_jax.aot import topology as topo  # pylint: disable=import-outside-toplevel  (no JAX)
+  sl = topo.parse(topology)
+  return [f"{sl.gen.prefix}-{c * sl.gen.cores_per_chip}" for c in sorted(sl.gen.grids)
+          if c > sl.chips]
+
+
+def aot_check(runs: list, topology: str, *, search: bool = False) -> dict:
+  """Compiles each distinct run for the slice (python -m dapo_jax.aot); returns {name: the
+  smallest larger slice of the generation it fits by compilation (`search`), or None} for the
   runs that do not fit (or whose check failed)."""
   groups: dict = {}
   for run in runs:
     groups.setdefault(aot_key(run), []).append(run)
-  misfits = []
+  misfits = {}
   for (config_arg, kept), members in groups.items():
-    cmd = [sys.executable, "-m", "dapo_jax.aot", f"--config={config_arg}",
-           f"--topology={topology}"] + [f"--config.{k}={v}" for k, v in kept]
-    print(f"[aot] {', '.join(r.name for r in members)}: {' '.join(map(shlex.quote, cmd))}",
-          flush=True)
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    p = _compile(config_arg, kept, topology, label=", ".join(r.name for r in members))
     print("\n".join(l for l in p.stdout.splitlines() if not l.startswith("[aot] ")))
     if p.returncode not in (0, 1):  # failed before a verdict (a bad config, no libtpu)
       print((p.stderr.strip().splitlines() or ["the check failed"])[-1])
-    if p.returncode != 0:
-      misfits += [r.name for r in members]
+    if p.returncode == 0:
+      continue
+    fits = next((s for s in (larger_slices(topology) if search and p.returncode == 1 else ())
+                 if _fits(config_arg, kept, s)), None)
+    misfits.update({r.name: fits for r in members})
   return misfits
+
+
+def _fits(config_arg: str, kept: tuple, topology: str) -> bool:
+  p = _compile(config_arg, kept, topology)
+  print(f"[aot] {topology}: " + ("fits" if p.returncode == 0 else "does not fit" if
+                                 p.returncode == 1 else "check failed"), flush=True)
+  return p.returncode == 0
+
+
+def fit_check(args, runs: list) -> None:
+  """The fit check of every distinct run still to do (tpu-pod, xpk), unless skipped; a refusal
+  names, with --fit_search, the smallest larger slice each misfit fits by compilation."""
+  if args.backend not in ("tpu-pod", "xpk") or args.skip_fit_check:
+    return
+  pending = [r for r in runs if r.status() != "finished"]
+  misfits = aot_check(pending, args.topology, search=args.fit_search) if pending else {}
+  if not misfits:
+    return
+  found = [f"{n} fits {s}" if s else f"{n} fits no larger slice" for n, s in misfits.items()]
+  hint = ("; by compilation: " + ", ".join(found) if args.fit_search else
+          "; --fit_search compiles them for the larger slices of this generation and names the "
+          "smallest that fits")
+  raise LaunchError(f"--topology={args.topology}: {', '.join(misfits)} do(es) not fit the "
+                    f"slice (see the tables above){hint}; --skip_fit_check launches anyway")

@@ -1,5 +1,6 @@
 """The AOT check: TPU compiles of small runs on this CPU machine (libtpu), topology table,
 errors, the verdict, and that every config model field reaches the model."""
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -220,8 +221,25 @@ def test_launch_checks_each_distinct_compile_and_refuses(tmp_path, monkeypatch):
     return subprocess.CompletedProcess(cmd, rc, stdout="step peak per chip: ...", stderr="")
 
   monkeypatch.setattr(launch.subprocess, "run", fake_run)
-  assert launch.aot_check(eps + lens, "v5p-8") == ["l64"]
+  assert launch.aot_check(eps + lens, "v5p-8") == {"l64": None}
   assert len(calls) == 3 and all("--topology=v5p-8" in c for c in calls)
+  calls.clear()  # --fit_search: l64 compiled for v5p-16, then v5p-32, where it fits
+
+  def fits_at_32(cmd, **_):
+    calls.append(cmd)
+    rc = 0 if "--config.rollout.max_new_tokens=64" not in cmd or "--topology=v5p-32" in cmd else 1
+    return subprocess.CompletedProcess(cmd, rc, stdout="step peak per chip: ...", stderr="")
+
+  monkeypatch.setattr(launch.subprocess, "run", fits_at_32)
+  args = argparse.Namespace(backend="tpu-pod", skip_fit_check=False, topology="v5p-8",
+                            fit_search=True)
+  with pytest.raises(launch.LaunchError, match="do\\(es\\) not fit the slice .* by compilation: "
+                     "l64 fits v5p-32; --skip_fit_check"):
+    launch.launch_pod.fit_check(args, lens)
+  assert [c[c.index("-m") + 3] for c in calls] == ["--topology=v5p-8"] * 2 + [
+      "--topology=v5p-16", "--topology=v5p-32"]
+  with pytest.raises(launch.LaunchError, match="--fit_search compiles them"):
+    launch.launch_pod.fit_check(argparse.Namespace(**dict(vars(args), fit_search=False)), lens)
   with pytest.raises(SystemExit):  # a real tpu-pod launch needs the slice for the check
     launch.main(["--config=configs/dapo_qwen25_32b.py", "--backend=tpu-pod", "--tpu_name=p",
                  "--zone=z", f"--workdir={tmp_path}"])
