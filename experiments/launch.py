@@ -109,6 +109,9 @@ def _flags() -> argparse.ArgumentParser:
   add("--base_docker_image", default="python:3.11", help="xpk: the image the repo is added to")
   add("--max_restarts", type=int, default=3, help="xpk: restarts after a failure or "
       "preemption (each resumes from the newest checkpoint)")
+  add("--grace_s", type=int, default=3600, help="xpk: seconds from a stop signal to the kill: "
+      "the rest of a step plus a save (a run logs time_step_s; docs/scale.md estimates the 32B "
+      "step)")
   return ap
 
 
@@ -117,6 +120,8 @@ def parse(argv) -> argparse.Namespace:
   args = _flags().parse_args(argv)
   if args.parallel < 1:
     raise LaunchError("--parallel: must be >= 1")
+  if args.grace_s < 1:
+    raise LaunchError(f"--grace_s: must be >= 1 (seconds), got {args.grace_s}")
   pod = args.backend in ("tpu-pod", "xpk")
   if args.backend == "tpu-pod" and not (args.tpu_name and args.zone):
     raise LaunchError("--backend=tpu-pod needs --tpu_name and --zone")
@@ -270,7 +275,7 @@ def launch_xpk(args, runs: list[RunSpec]) -> dict:
     cmd = launch_pod.xpk_command(
         run, cluster=args.cluster, accelerator_type=args.accelerator_type,
         image=args.base_docker_image, zone=args.zone, project=args.project,
-        max_restarts=args.max_restarts)
+        max_restarts=args.max_restarts, grace_s=args.grace_s)
     _run(cmd, dry=args.dry_run)
     outcomes[run.name] = Outcome("submitted", f"xpk workload list --cluster={args.cluster} "
                                  f"shows {launch_pod.workload_name(run)}; rerun the launch "

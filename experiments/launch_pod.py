@@ -146,18 +146,22 @@ def workload_name(run: RunSpec) -> str:
 
 
 def xpk_command(run: RunSpec, *, cluster: str, accelerator_type: str, image: str, zone: str,
-                project: str, max_restarts: int) -> list[str]:
+                project: str, max_restarts: int, grace_s: int) -> list[str]:
   """`xpk workload create` for a run (GKE): xpk adds the repo (the script dir) to `image`; the
   command installs requirements-tpu.txt there (a no-op when the image has them) and runs main
   with --resume, so a restart after a preemption (JobSet, --max-restarts) continues from the
-  newest checkpoint (a first start finds none and starts at step 0)."""
+  newest checkpoint (a first start finds none and starts at step 0). A stop signal makes main
+  finish its step, save and exit 75: --restart-on-user-code-failure lets that exit restart the
+  JobSet (xpk restarts only system failures otherwise), and --termination-grace-period-seconds
+  (`grace_s`) must cover the rest of a step plus a save before GKE kills the pod."""
   inner = run.argv(python="python3")
   inner = ["python3", "-m", "pip", "install", "--quiet", "-r", "requirements-tpu.txt", "&&",
            *inner, *([] if "--resume" in inner else ["--resume"])]
   cmd = ["xpk", "workload", "create", f"--cluster={cluster}",
          f"--workload={workload_name(run)}", f"--tpu-type={accelerator_type}",
          "--num-slices=1", f"--base-docker-image={image}", f"--script-dir={REPO}",
-         f"--max-restarts={max_restarts}",
+         f"--max-restarts={max_restarts}", "--restart-on-user-code-failure",
+         f"--termination-grace-period-seconds={grace_s}",
          f"--command={' '.join(a if a == '&&' else shlex.quote(a) for a in inner)}"]
   return cmd + ([f"--zone={zone}"] if zone else []) + (
       [f"--project={project}"] if project else [])

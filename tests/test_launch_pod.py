@@ -220,12 +220,13 @@ def test_xpk_command_fields(capsys):
   (line,) = [ln for ln in _lines(capsys)[0] if ln.startswith("xpk")]
   cmd = shlex.split(line)
   assert cmd[:3] == ["xpk", "workload", "create"]
-  flags = dict(a.split("=", 1) for a in cmd[3:])
+  flags = dict((a + "=").split("=", 1) if "=" not in a else a.split("=", 1) for a in cmd[3:])
   assert flags == {
       "--cluster": "c1", "--workload": "ladder-eps-high0-36-s0", "--tpu-type": "v5p-128",
       "--num-slices": "1", "--base-docker-image": "python:3.11", "--script-dir": launch.REPO,
-      "--max-restarts": "3", "--command": flags["--command"], "--zone": "us-east5-a",
-      "--project": "proj"}
+      "--max-restarts": "3", "--restart-on-user-code-failure": "",  # the exit 75 after a save
+      "--termination-grace-period-seconds": "3600", "--command": flags["--command"],
+      "--zone": "us-east5-a", "--project": "proj"}
   inner = shlex.split(flags["--command"])
   assert inner[:7] == ["python3", "-m", "pip", "install", "--quiet", "-r",
                        "requirements-tpu.txt"]
