@@ -144,7 +144,7 @@ def sampler_model(cfg: Config, mcfg, smesh) -> shapes.Model:
   """The sampler's abstract model as the Engine holds it: params in rollout.weight_dtype
   (int8: the projections as quant.Int8Weight, models/quant.py)."""
   w = weight_dtype(cfg, mcfg)
-  sm = shapes.abstract_model(mcfg, smesh, dtype=mcfg.dtype if w == "int8" else w)
+  sm = shapes.abstract_model(mcfg, smesh, dtype=quant.storage_dtype(w, mcfg.dtype))
   if w != "int8":
     return sm
   return dataclasses.replace(sm, params=quant.abstract_quantized(sm.params, sm.shardings))
@@ -200,7 +200,7 @@ def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto") ->
   if trainer_mesh is not None:
     target = jax.tree.map(lambda s: NamedSharding(trainer_mesh, transfer.tensor_only(s.spec)),
                           target)
-  dtype = jnp.dtype(mcfg.dtype if wdtype in ("auto", "int8") else wdtype)
+  dtype = quant.storage_dtype(wdtype, mcfg.dtype)
   cast = lambda p: jax.tree.map(lambda x: x.astype(dtype), p)  # noqa: E731
   if wdtype == "int8":  # quantised on the sampler's chips, in the same pass
     target, cast = quant.quantized_shardings(target), lambda p, c=cast: quant.quantize_tree(c(p))

@@ -78,6 +78,12 @@ def _leaf_name(path) -> str | None:
   return keys[-1] if len(keys) >= 2 and keys[-2] == "layers" else None
 
 
+def storage_dtype(weight_dtype: str, compute_dtype) -> jnp.dtype:
+  """The dtype the sampler's weights are placed in: the compute dtype for "auto" and "int8"
+  (int8 quantises from it), else weight_dtype itself."""
+  return jnp.dtype(compute_dtype if weight_dtype in ("auto", "int8") else weight_dtype)
+
+
 def check_model(cfg, weight_dtype: str):
   """Refuses what int8 rollout cannot serve, before anything compiles."""
   if weight_dtype not in WEIGHT_DTYPES:

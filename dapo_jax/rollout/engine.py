@@ -82,18 +82,21 @@ class Engine(engine_api.Engine):
                                         impl=paged_impl) if paged_kv else None
     self._num_pages = self._paged and device_fns.pool_pages(
         mesh, self._paged, slots=self._num_slots, num_pages=num_pages)
+    self._compile(self._hold_weights(model, mesh))
+
+  def _hold_weights(self, model, mesh):
+    """The engine's own copy of the weights on `mesh` -> the model's graphdef. Kept in the
+    compute dtype (the model casts to it anyway) unless weight_dtype says otherwise; a trainer
+    that donates its own buffers can never delete the sampler's."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self._graphdef = graphdef
     self._param_shardings = transfer.param_shardings(model, mesh)
-    # Weights are kept in the compute dtype (the model casts to it anyway) unless weight_dtype
-    # says otherwise. The engine owns its copy: a trainer that donates its own buffers can never
-    # delete the sampler's.
-    self._dtype = jnp.dtype(model.cfg.dtype if weight_dtype in ("auto", "int8") else weight_dtype)
+    self._dtype = quant.storage_dtype(self.weight_dtype, model.cfg.dtype)
     self._like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     self._params = self._placed(params)
     self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
                                 may_alias=False)
-    self._compile(graphdef)
+    return graphdef
 
   def _compile(self, g):
     """The engine's jitted functions, with the cache and decode state laid out on its mesh."""
