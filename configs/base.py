@@ -142,7 +142,8 @@ def base_config() -> ml_collections.ConfigDict:
       top_p=0.7,
       bootstrap_samples=1000,
   )
-  c.mesh = dict(data=-1, fsdp=1, tensor=1)   # devices per axis; -1 = the rest
+  c.mesh = dict(data=-1, fsdp=1, tensor=1, context=1)  # devices per axis; -1 = the rest;
+  #   context: each row's tokens split over that many devices (docs/scale.md)
   c.checkpoint = dict(every_steps=0, keep=2, async_save=True, export_hf=True)
   c.log = dict(tensorboard=True, progress=True,
                reflection_phrases="",  # comma-separated re-check phrases; "" = tracker off

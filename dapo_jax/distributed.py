@@ -12,6 +12,23 @@ from dapo_jax.workdir import lock as run_lock
 HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
 
 
+def cpu_devices_for_mesh(cfg) -> int | None:
+  """A single-process run whose mesh names more devices than the CPU backend's default 1 (e.g.
+  `--config.mesh.context=2` on a laptop) gets that many CPU devices (jax_num_cpu_devices; it
+  changes nothing on an accelerator, whose devices the mesh uses). Left alone when
+  XLA_FLAGS already sets the count, or several processes run. Returns the count set, or None."""
+  m = cfg.mesh
+  fixed = [n for n in (m.data, m.fsdp, m.tensor, m.context) if n != -1]
+  need = 1
+  for n in fixed:
+    need *= n
+  if (need <= 1 or cfg.distributed.enabled
+      or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
+    return None
+  jax.config.update("jax_num_cpu_devices", need)
+  return need
+
+
 def initialize(dcfg) -> None:
   """Calls jax.distributed.initialize when config.distributed.enabled.
 

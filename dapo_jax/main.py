@@ -108,6 +108,7 @@ def _main(started: _Started):
   cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
   quiet.library_info_off_console()
   started.workdir = workdir = paths.as_str(FLAGS.workdir)  # a URL stays a URL
+  distributed.cpu_devices_for_mesh(cfg)
   distributed.initialize(cfg.distributed)
   started.distributed = True
   started.lock = _hold(workdir)

@@ -1,8 +1,12 @@
 """Device meshes and the one table that maps logical axis names to mesh axes.
 
 Parameters carry logical names (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`,
-`layers`, `norm`); activations use `batch` and `cache_seq`. Swapping the rules table changes
-the parallelism, not the model code.
+`layers`, `norm`); activations use `batch`, `seq` and `cache_seq`. Swapping the rules table
+changes the parallelism, not the model code.
+
+The trainer's mesh has a `context` axis when `mesh.context` > 1 (context parallelism): each
+row's tokens (`seq`) split over it, and the parameters' `embed` dimension over fsdp x context,
+so the chips of a context group still share the train state as FSDP does.
 """
 from __future__ import annotations
 
@@ -17,11 +21,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # Logical names of one KV-cache array [L, B, S, Kv, Hd] (the dense decode cache and prefixes).
 CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
 
+CONTEXT = "context"  # the mesh axis that splits each row's tokens (context parallelism)
+
 # Logical name -> mesh axis (or tuple of axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
-    ("embed", "fsdp"),
+    ("seq", CONTEXT),
+    ("embed", ("fsdp", CONTEXT)),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
@@ -106,6 +113,17 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
     return v.replace(logical_to_mesh_sharding(axes, mesh, rules, shape=value.shape))
 
   return jax.tree.map(to_sharding, nnx.state(model), is_leaf=_is_var)
+
+
+def constrain_tokens(x, mesh, names=("batch", "seq"), rules=DEFAULT_RULES):
+  """x [B, T, ...] laid out with T over the mesh's context axis (rows over the batch axes); x
+  itself when the mesh has no context axis (nothing is constrained then: the layout is GSPMD's,
+  as without context parallelism)."""
+  if mesh is None or dict(mesh.shape).get(CONTEXT, 1) == 1:
+    return x
+  names = tuple(names) + (None,) * (x.ndim - len(names))
+  return jax.lax.with_sharding_constraint(
+      x, logical_to_mesh_sharding(names, mesh, rules, shape=x.shape))
 
 
 def batch_shards(mesh_or_shape, rules=DEFAULT_RULES) -> int:

@@ -20,6 +20,7 @@ from dapo_jax.train import groups as groups_lib, logprob_pass, objective, placem
 
 # Why these: experiments/rehearse_pod.py's docstring.
 TOL = {"kernel_logp": 1e-4, "logp": 0.25, "loss_rel": 0.05, "paged_logp": 0.25}
+CONTEXT = 2  # the context-parallel scoring's mesh: context 2 x tensor 2
 
 
 def _variant(cfg, **model):
@@ -99,6 +100,17 @@ def _models(pod, f32, ref, task, devices):
   return (pod_model, f32_model, ref_model), (mesh, one)
 
 
+def _context_model(f32, params, task, devices):
+  """The float32 splash model on a context-parallel mesh (each row's tokens over 2 devices,
+  heads over 2; splash per shard), holding `params`, and its config and mesh."""
+  cfg = dataclasses.replace(f32, mesh=dataclasses.replace(f32.mesh, data=1, fsdp=-1,
+                                                          context=CONTEXT))
+  mesh = placement.build_mesh(cfg, devices)
+  model, _ = setup.build_model(cfg, mesh, task.tokenizer)
+  nnx.update(model, jax.device_put(params, sharding.model_shardings(model, mesh)))
+  return cfg, model, mesh
+
+
 def rehearsal_config(tokenizer: str):
   return config_lib.parse(pod_rehearsal_cpu.get_config(f"tokenizer={tokenizer}"))
 
@@ -115,6 +127,7 @@ def run(cfg, num_prompts: int, devices=None) -> dict:
   # A fifth device stays idle: the interpret-mode deadlock guard (models/attention_shard.py).
   devices = jax.devices()[:4] if devices is None else devices
   (pod_model, f32_model, ref_model), (mesh, one) = _models(pod, f32, ref, task, devices)
+  cp, cp_model, cp_mesh = _context_model(f32, nnx.state(f32_model, nnx.Param), task, devices)
   sampler_mesh = placement.build_sampler_mesh(cfg, devices)
   prompts = prompts_of(cfg, task, num_prompts)
   executed, timer = [], metrics.PhaseTimer()
@@ -130,17 +143,20 @@ def run(cfg, num_prompts: int, devices=None) -> dict:
       pod_terms = _update_terms(pod, pod_model, batch, mesh)
     with timer("score_splash_f32"):
       f32_terms = _update_terms(f32, f32_model, batch, mesh)
+    with timer("score_splash_f32_context"):
+      cp_terms = _update_terms(cp, cp_model, batch, cp_mesh)
   with timer("sample_gather"):
     gather, _ = _sample(pod_model, cfg, sampler_mesh, prompts, task, "reference")
   with timer("score_reference"):
     ref_terms = _update_terms(ref, ref_model, batch, one)
-  out = _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms)
+  out = _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms, cp_terms)
   # each phase's wall time, compiles included
   out["detail"]["seconds"] = {k: round(v, 1) for k, v in timer.seconds.items()}
   return out
 
 
-def _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms) -> dict:
+def _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms,
+             cp_terms) -> dict:
   resp = batch.loss_mask_BxS > 0
   diff = lambda a, b: float(np.max(np.abs(a - b)[resp])) if resp.any() else 0.0
   loss_rel = lambda a: float(np.max(np.abs(a[0] - ref_terms[0]) / np.abs(ref_terms[0])))
@@ -150,6 +166,8 @@ def _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms) 
       "tokens_scored": int(resp.sum()),
       "kernel_only_logp_abs_diff_max": diff(f32_terms[1], ref_terms[1]),
       "kernel_only_loss_rel_diff_max": loss_rel(f32_terms),
+      "context_parallel_loss_rel_diff_max": loss_rel(cp_terms),
+      "context_parallel_grad_norm": cp_terms[2],
       "grad_norm": {"pod_bf16": pod_terms[2], "kernels_f32": f32_terms[2],
                     "reference": ref_terms[2]},
       "sampler_bf16_vs_reference_logp_abs_diff_max": diff(batch.behav_logp_BxS, ref_terms[1]),
@@ -160,7 +178,9 @@ def _figures(executed, batch, rollout, gather, pod_terms, f32_terms, ref_terms) 
       "tolerances": TOL}
   out = {"kernels_executed": sorted(executed), "logp_abs_diff_max": diff(pod_terms[1],
                                                                         ref_terms[1]),
-         "loss_rel_diff_max": loss_rel(pod_terms), "detail": detail}
+         "loss_rel_diff_max": loss_rel(pod_terms),
+         "context_parallel_logp_abs_diff_max": diff(cp_terms[1], ref_terms[1]),
+         "detail": detail}
   out["failures"] = _failures(out, detail)
   return out
 
@@ -171,6 +191,9 @@ def _failures(out, d) -> list[str]:
        f"kernels executed: {out['kernels_executed']}"),
       (d["kernel_only_logp_abs_diff_max"] <= TOL["kernel_logp"],
        f"float32 splash vs blocked |dlogp| {d['kernel_only_logp_abs_diff_max']:.3g}"),
+      (out["context_parallel_logp_abs_diff_max"] <= TOL["kernel_logp"],
+       f"float32 context-parallel splash vs blocked |dlogp| "
+       f"{out['context_parallel_logp_abs_diff_max']:.3g}"),
       (out["logp_abs_diff_max"] <= TOL["logp"], f"bf16 |dlogp| {out['logp_abs_diff_max']:.3g}"),
       (out["loss_rel_diff_max"] <= TOL["loss_rel"],
        f"bf16 loss relative difference {out['loss_rel_diff_max']:.3g}"),

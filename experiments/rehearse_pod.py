@@ -24,17 +24,21 @@ Three stages, each in processes of its own:
    interpret mode, sampler mesh data 2 x tensor 2, bf16, a pool smaller than the rows) and scored
    by the trainer with the TPU splash kernel (interpret mode, fsdp 2 x tensor 2, packed rows)
    against the reference path on the same tokens: float32, blocked attention, the paged reference
-   gather, one device. Remat is off in this stage (the interpret mode's host callbacks cannot be
+   gather, one device; and the float32 splash path again with context parallelism (mesh
+   context 2 x tensor 2: each row's tokens over 2 devices, splash per shard against the
+   gathered keys). Remat is off in this stage (the interpret mode's host callbacks cannot be
    rematerialised; remat recomputes the same maths).
 
 The JSON: kernels_executed (the Pallas kernels stage 3 ran), processes and devices (stage 1),
 steps, loss_rel_diff_max and logp_abs_diff_max (stage 3: bf16 pod path vs float32 reference,
-the same tokens), resumed_identical (stage 2), loop_preemptions (stage 1: samples its KV pool
+the same tokens), context_parallel_logp_abs_diff_max (stage 3: float32 context-parallel splash
+vs the float32 reference), resumed_identical (stage 2), loop_preemptions (stage 1: samples its KV pool
 preempted, the steps' `sampler_preemptions` summed; the pool is sized to preempt, so 0 fails).
 
 Tolerances (checked; exit 1 past them; experiments/rehearse_kernels.py:TOL), from bf16's 8
 significant bits (1 ulp = 2^-7 of the leading power of two):
-- kernels alone (float32 on both sides, splash vs blocked, same weights): |dlogp| <= 1e-4 nats.
+- kernels alone (float32 on both sides, splash vs blocked, same weights; also with context
+  parallelism): |dlogp| <= 1e-4 nats.
   Sums in another order move a float32 log-prob of magnitude ~11 by ~1e-6; a segment-mask slip
   (a key of another sequence) moves it by O(0.1).
 - bf16 pod path vs float32 reference: |dlogp| <= 0.25 nats = 4 bf16 ulps of a log-prob in
@@ -175,6 +179,7 @@ def main(argv=None) -> int:
          "devices": PROCESSES * DEVICES_PER_PROCESS, "steps": args.steps,
          "loss_rel_diff_max": k["loss_rel_diff_max"],
          "logp_abs_diff_max": k["logp_abs_diff_max"],
+         "context_parallel_logp_abs_diff_max": k["context_parallel_logp_abs_diff_max"],
          "resumed_identical": loop["resumed_identical"],
          "loop_preemptions": loop["preemptions"]}
   print(json.dumps(out, indent=2))

@@ -86,6 +86,11 @@ def test_topology_table():
     topology.parse("v7x-8")
   with pytest.raises(ValueError, match="'v5p-12' is not a v5p slice size"):
     topology.parse("v5p-12")
+  # One host of a slice, as a topology of its own (the per-host sampler's chips).
+  host = topology.one_host(topology.parse("v6e-256"))
+  assert (host.name, host.chips, host.grid, host.hosts) == ("v6e-4", 4, "2x2", 1)
+  assert topology.one_host(topology.parse("v5p-128")).name == "v5p-8"
+  assert topology.one_host(topology.parse("v5e-8")).name == "v5e-8"  # one host already
 
 
 def _row(name, temp, resident=()):
@@ -243,3 +248,30 @@ def test_launch_checks_each_distinct_compile_and_refuses(tmp_path, monkeypatch):
   with pytest.raises(SystemExit):  # a real tpu-pod launch needs the slice for the check
     launch.main(["--config=configs/dapo_qwen25_32b.py", "--backend=tpu-pod", "--tpu_name=p",
                  "--zone=z", f"--workdir={tmp_path}"])
+
+
+@needs_libtpu
+def test_context_parallel_compiles_with_splash_per_shard(tmp_path):
+  """mesh.context = 2 on a 4-host v6e slice: the trainer's mesh records the context axis, the
+  splash kernel runs per shard in train_step and old_logprobs, and the colocated synchronous
+  loop's update holds no sampler weights (the loop frees them until the sync)."""
+  p, out = _aot(tmp_path, "--config=configs/tiny_cpu.py", "--topology=v6e-16",
+                "--functions=train_step,old_logprobs", "--config.mesh.context=2",
+                "--config.mesh.tensor=2")
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  assert out["trainer_mesh"] == {"data": 4, "fsdp": 1, "context": 2, "tensor": 2}
+  rows = {f["name"]: f for f in out["functions"]}
+  assert rows["train_step"]["kernels"] == rows["old_logprobs"]["kernels"] == ["splash_attention"]
+  assert "sampler_params" not in rows["train_step"]["resident"] + rows["old_logprobs"]["resident"]
+
+
+@needs_libtpu
+def test_v6e_per_host_sampler_compiles_on_the_hosts_own_grid(tmp_path):
+  """A v6e host's 2x2 chips are device ids 0, 1, 4, 5 of the slice, which XLA's TPU compiler
+  refuses in a compile-only all-reduce; the per-host sampler compiles on a one-host topology
+  (the same 2x2 chips) instead, with tensor 4 over all of them."""
+  p, out = _aot(tmp_path, "--config=configs/tiny_cpu.py", "--topology=v6e-16",
+                "--functions=sampler_prefill", "--config.mesh.tensor=4")
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  assert out["sampler_mesh_per_host"] == {"data": 1, "fsdp": 1, "tensor": 4}
+  assert out["functions"][0]["status"] == "compiled"

@@ -91,8 +91,9 @@ def _blocked(dtype, d, t, case):
   return _values_and_grads(lambda q, k, v: attention.blocked_attend(q, k, v, *segs, 64), *qkvw)
 
 
-def _check_against_blocked(impl, dtype, d, case, t=T, context=contextlib.nullcontext):
-  mesh = sharding.make_mesh(MESH, jax.devices()[:4])
+def _check_against_blocked(impl, dtype, d, case, t=T, context=contextlib.nullcontext,
+                           axes=None):
+  mesh = sharding.make_mesh(axes or MESH, jax.devices()[:4])
   qkvw, segs, read = _inputs(dtype, d, t, case)
   kernel = lambda q, k, v: attention.attend(q, k, v, *segs, impl=impl, block=64, mesh=mesh)
   with context():
@@ -110,6 +111,14 @@ def test_splash_interpreted_equals_blocked(dtype):
   shard (one kernel call each), on packed ragged rows, head_dim 128 (the TPU lane width)."""
   _check_against_blocked("splash", dtype, 128, "packed",
                          context=pltpu.force_tpu_interpret_mode)
+
+
+def test_splash_context_parallel_interpreted_equals_blocked():
+  """Context parallelism (mesh.context = 2): each shard's splash kernel, its queries at offset
+  shard x 128 of the gathered keys (the kernel per offset), equals blocked on the whole rows."""
+  _check_against_blocked("splash", jnp.float32, 128, "packed",
+                         context=pltpu.force_tpu_interpret_mode,
+                         axes={"data": 1, sharding.CONTEXT: 2, "tensor": 2})
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -73,6 +73,7 @@ def test_kernel_stage_small():
   assert out["failures"] == [], out
   d = out["detail"]
   assert d["kernel_only_logp_abs_diff_max"] <= rehearse_kernels.TOL["kernel_logp"]
+  assert out["context_parallel_logp_abs_diff_max"] <= rehearse_kernels.TOL["kernel_logp"]
   # bf16 moves the log-probs (a check that compared float32 with itself would give 0).
   assert 0 < out["logp_abs_diff_max"] <= rehearse_kernels.TOL["logp"]
   assert d["paged_kernel_same_tokens_as_gather"]

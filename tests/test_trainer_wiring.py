@@ -8,6 +8,7 @@ import types
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from dapo_jax.train import groups as groups_lib
@@ -115,11 +116,24 @@ def _pure(params):
   return jax.tree.map(np.asarray, nnx.to_pure_dict(params))
 
 
-def test_rollout_step_syncs_the_trained_weights_into_the_sampler(tmp_path):
+def test_rollout_step_syncs_the_trained_weights_into_the_sampler(tmp_path, monkeypatch):
+  """The colocated loop frees the sampler's weights for the update (their HBM is the update's)
+  and the sync refills them with the trained ones."""
   run = trainer.build(tiny_config(**FAST), str(tmp_path), resume=False)
   initial = _pure(run.loop.state.params)
   np.testing.assert_equal(_pure(run.sampler.engine.params), initial)
+  held = []
+  real_update = trainer.update
+
+  def update(run, *args):
+    held.append(run.sampler.engine._params)  # pylint: disable=protected-access
+    with pytest.raises(RuntimeError, match="released for the update"):
+      run.sampler.engine.params  # pylint: disable=pointless-statement
+    return real_update(run, *args)
+
+  monkeypatch.setattr(trainer, "update", update)
   trainer.rollout_step(run, trainer.jitted_update(run))
+  assert held == [None]
   trained = _pure(run.loop.state.params)
   sampled_from = _pure(run.sampler.engine.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0), sampled_from,

@@ -20,7 +20,7 @@ def check(cfg, topology_name: str, *, only=()) -> dict:
   from dapo_jax.aot import functions, report, topology  # pylint: disable=import-outside-toplevel
   sl = topology.parse(topology_name)
   devices = topology.devices(sl)
-  plan = functions.build_plan(cfg, devices, hosts=sl.hosts)
+  plan = functions.build_plan(cfg, devices, hosts=sl.hosts, host_slice=topology.one_host(sl))
   names = [job.name for job in plan.jobs]
   unknown = sorted(set(only) - set(names))
   if unknown:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax import sharding
-from dapo_jax.aot import shapes
+from dapo_jax.aot import shapes, topology
 from dapo_jax.models import quant
 from dapo_jax.config import Config
 from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
@@ -73,11 +73,13 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
                                        state_shardings=jax.tree.map(lambda x: x.sharding, state))
   logp = jax.jit(functools.partial(logprob_pass.logprob_fn, graphdef=model.graphdef, mesh=mesh,
                                    temperature=cfg.rollout.temperature, with_entropy=True))
+  # The sampler's weights sit beside the update unless the loop frees them for it.
+  sampler = () if placement.frees_sampler_weights(cfg) else ("sampler_params",)
   jobs = [Job("init_train_state", init, (model.params,), ()),
-          Job("train_step", step, (state, minibatch), ("sampler_params", "ref_params")),
+          Job("train_step", step, (state, minibatch), (*sampler, "ref_params")),
           Job("old_logprobs", logp,
               (model.params, *(arr(rows, jnp.int32, t) for _ in range(3)), *replay),
-              ("opt_state", "sampler_params", "ref_params"))]
+              ("opt_state", *sampler, "ref_params"))]
   buffers = {"train_state": shapes.bytes_per_chip(state),
              "opt_state": shapes.bytes_per_chip(state.opt_state),
              "ref_params": shapes.bytes_per_chip(model.params) if cfg.algo.kl_coef > 0 else 0}
@@ -208,21 +210,32 @@ def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto") ->
   return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
 
 
-def host_devices(devices, hosts: int) -> list:
-  """The chips of the first host: each host drives the sampler replicas on its own chips."""
+def host_devices(devices, hosts: int, host_slice=None) -> list:
+  """The chips of the first host: each host drives the sampler replicas on its own chips.
+
+  XLA's TPU compiler, compiling for a subset of a compile-only slice, refuses a collective
+  whose device ids are not 0..n-1 ("Unexpected device_id 4 in replica group (0,1,2,3) :: target
+  has 4 device_id"; libtpu 0.0.42, v6e: a host's 2x2 chips are ids 0, 1, 4, 5 of a 4x4 grid).
+  Then the host's chips are taken from `host_slice` (topology.one_host: a topology of one host,
+  the same chips and grid, ids 0..n-1): the same per-chip memory, collectives on the same 2x2."""
   first = [d for d in devices if d.process_index == devices[0].process_index]
   per_host = len(devices) // hosts
-  return first if len(first) == per_host else list(devices[:per_host])
+  chips = first if len(first) == per_host else list(devices[:per_host])
+  if host_slice is None or sorted(d.id for d in chips) == list(range(len(chips))):
+    return chips
+  return topology.devices(host_slice)[-len(chips):]
 
 
-def build_plan(cfg: Config, devices, *, hosts: int) -> Plan:
-  """All jobs of a rollout step for `devices` (one TPU slice of `hosts` hosts)."""
+def build_plan(cfg: Config, devices, *, hosts: int, host_slice=None) -> Plan:
+  """All jobs of a rollout step for `devices` (one TPU slice of `hosts` hosts; `host_slice`:
+  one host's topology, see `host_devices`)."""
   mcfg, source = shapes.model_config(cfg)
   placed = placement.place(cfg, devices)
   mesh = placement.build_mesh(cfg, list(placed.trainer))
   setup.check_batch_fits_mesh(cfg, mesh, hosts)
   gmesh = placement.build_sampler_mesh(cfg, list(placed.sampler))
-  smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts))
+  smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts,
+                                                       host_slice))
   tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
   sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, hosts)
   jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None,

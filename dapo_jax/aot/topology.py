@@ -97,3 +97,14 @@ def devices(s: Slice) -> list:
     raise RuntimeError(f"--topology={s.name}: libtpu gave {len(devs)} devices, expected "
                        f"{s.chips} chips")
   return devs
+
+
+def one_host(s: Slice) -> Slice:
+  """A slice of one host of `s`'s generation with that host's chip grid (v6e-256 -> v6e-4, a
+  2x2 grid): the chips a per-host sampler replica runs on, as a topology of their own."""
+  x, y, z = s.host_bounds
+  chips = x * y * z
+  if s.hosts == 1:
+    return s
+  return Slice(name=f"{s.gen.prefix}-{chips * s.gen.cores_per_chip}", gen=s.gen, chips=chips,
+               grid=s.gen.grids[chips])

@@ -238,6 +238,7 @@ def _validate_infra(c: "Config"):
     _require(v == -1 or v >= 1, f"mesh.{f}", f"must be -1 or >= 1, got {v}")
   _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
            "at most one axis may be -1")
+  _validate_context(c)
   _positive("checkpoint", c.checkpoint, "keep")
   _validate_log(c.log)
   _positive("checkpoint", c.checkpoint, "every_steps", allow_zero=True)
@@ -246,6 +247,18 @@ def _validate_infra(c: "Config"):
            f"must be -1 (from the environment) or >= 1, got {procs}")
   _require(pid == -1 or (pid >= 0 and (procs == -1 or pid < procs)), "distributed.process_id",
            f"must be -1 or in [0, num_processes={procs}), got {pid}")
+
+
+def _validate_context(c: "Config"):
+  n = c.mesh.context
+  _require(isinstance(n, int) and n >= 1, "mesh.context", f"must be an int >= 1, got {n!r}")
+  if n == 1:
+    return
+  _require(c.seq_len % n == 0, "mesh.context",
+           f"{n} must divide the rows' length seq_len={c.seq_len} (prompt + response tokens)")
+  _require(c.model.attention_impl in ("auto", "blocked", "splash"), "mesh.context",
+           f"context parallelism runs the blocked or splash attention, not "
+           f"model.attention_impl={c.model.attention_impl!r}")
 
 
 def _validate_log(g: "LogCfg"):

@@ -214,6 +214,7 @@ class MeshCfg:
   data: int                   # devices; -1 = the rest
   fsdp: int
   tensor: int
+  context: int = 1            # context parallelism: each row's tokens split over this many
 
 
 @dataclasses.dataclass(frozen=True)

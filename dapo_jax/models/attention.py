@@ -4,7 +4,7 @@ Both take segment ids: query t sees key s iff s <= t and q_seg[t] == kv_seg[s]. 
 (several sequences per row, `train/packing.py`) pass the same ids for both; a right-padded row
 passes q_seg = 1 and kv_seg = its mask, which is the plain path's `causal & mask[s]`.
 
-- `blocked_attend` (CPU, and the reference): blocks of `block` queries against blocks of
+- `blocked_attend` (CPU, and the reference; `attention_blocked.py`): blocks of `block` queries against blocks of
   `block` keys with a running max and sum (flash attention), key blocks past the diagonal never
   computed (causal skipping: ~half the work of the dense form). A custom VJP recomputes each
   block's probabilities from the saved log-sum-exp, so training memory is one block of scores
@@ -14,7 +14,9 @@ passes q_seg = 1 and kv_seg = its mask, which is the plain path's `causal & mask
   itself; `attention_shard.py`).
 - `attention_gpu.gpu_flash_attend` (GPU): the Pallas GPU (Triton) flash-attention kernel shipped
   with jax, the same way.
-`auto_impl` says which one "auto" runs on each platform.
+`auto_impl` says which one "auto" runs on each platform. With a context axis on the mesh
+(`mesh.context` > 1) the blocked and splash paths run per (batch, context, head) shard, each
+shard's queries against the whole row's gathered keys (`attention_shard.sharded_attend`).
 """
 from __future__ import annotations
 
@@ -26,128 +28,14 @@ import jax.numpy as jnp
 
 from dapo_jax.models import attention_gpu
 from dapo_jax.models import attention_shard as shard
+from dapo_jax.models.attention_blocked import blocked_attend, offset_attend
 from dapo_jax.models.config import ATTENTION_IMPLS as IMPLS
-_MASKED = -1e30
-_F32 = jnp.float32
 
+# The implementations that run with the time axis split over the mesh's context axis.
+CONTEXT_IMPLS = ("auto", "blocked", "splash")
 
-def _layout(q, k, v, q_seg, kv_seg, block):
-  """Pads T to whole blocks; q -> [B, Kv, G, Tp, D], k / v -> [B, Kv, Tp, D]. Padded queries
-  (seg -1) and keys (seg -2) match nothing."""
-  b, t, h, d = q.shape
-  kv = k.shape[2]
-  pad = -t % block
-  tp = ((0, 0), (0, pad), (0, 0), (0, 0))
-  qh = jnp.pad(q, tp).reshape(b, t + pad, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
-  kh, vh = (jnp.pad(x, tp).transpose(0, 2, 1, 3) for x in (k, v))
-  qs = jnp.pad(q_seg, ((0, 0), (0, pad)), constant_values=-1)
-  ks = jnp.pad(kv_seg, ((0, 0), (0, pad)), constant_values=-2)
-  return qh, kh, vh, qs, ks
-
-
-def _block(x, i, block, axis):
-  return jax.lax.dynamic_slice_in_dim(x, i * block, block, axis=axis)
-
-
-def _scores(q_i, k_j, qs_i, ks_j, i, j, block):
-  """Scaled scores of query block i vs key block j [B, Kv, G, bq, bk] and what is visible."""
-  s = jnp.einsum("bngqd,bnkd->bngqk", q_i, k_j, preferred_element_type=_F32)
-  s = s * (1.0 / math.sqrt(q_i.shape[-1]))
-  q_pos = i * block + jnp.arange(block)
-  k_pos = j * block + jnp.arange(block)
-  ok = (k_pos[None, :] <= q_pos[:, None])[None] & (qs_i[:, :, None] == ks_j[:, None, :])
-  ok = ok[:, None, None]
-  return jnp.where(ok, s, _MASKED), ok
-
-
-def _forward(qh, kh, vh, qs, ks, block):
-  """(out [B, Kv, G, Tp, D] float32, log-sum-exp [B, Kv, G, Tp]) by query blocks."""
-  n = qh.shape[3] // block
-
-  def row(i):
-    q_i, qs_i = _block(qh, i, block, 3), _block(qs, i, block, 1)
-
-    def step(j, carry):
-      m, l, acc = carry
-      s, _ = _scores(q_i, _block(kh, j, block, 2), qs_i, _block(ks, j, block, 1), i, j, block)
-      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-      p = jnp.exp(s - m_new[..., None])
-      corr = jnp.exp(m - m_new)
-      pv = jnp.einsum("bngqk,bnkd->bngqd", p.astype(vh.dtype), _block(vh, j, block, 2),
-                      preferred_element_type=_F32)
-      return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
-
-    shape = q_i.shape[:-1]
-    init = (jnp.full(shape, _MASKED, _F32), jnp.zeros(shape, _F32),
-            jnp.zeros(q_i.shape, _F32))
-    m, l, acc = jax.lax.fori_loop(0, i + 1, step, init)  # key blocks j <= i only
-    return acc / l[..., None], m + jnp.log(l)
-
-  o_n, lse_n = jax.lax.map(row, jnp.arange(n))
-  return _merge(o_n), _merge(lse_n)
-
-
-def _merge(x_n):
-  """[n, B, Kv, G, block, ...] -> [B, Kv, G, n * block, ...]."""
-  x = jnp.moveaxis(x_n, 0, 3)
-  return x.reshape(*x.shape[:3], -1, *x.shape[5:])
-
-
-def _unlayout(oh, t, dtype):
-  """[B, Kv, G, Tp, D] -> [B, T, H, D]."""
-  b, kv, g, _, d = oh.shape
-  return oh.transpose(0, 3, 1, 2, 4)[:, :t].reshape(b, t, kv * g, d).astype(dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def blocked_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, block: int):
-  """Causal grouped-query attention with segment ids, by blocks of `block` positions."""
-  return _blocked_fwd(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, block)[0]
-
-
-def _blocked_fwd(q, k, v, q_seg, kv_seg, block):
-  qh, kh, vh, qs, ks = _layout(q, k, v, q_seg, kv_seg, block)
-  oh, lse = _forward(qh, kh, vh, qs, ks, block)
-  return _unlayout(oh, q.shape[1], q.dtype), (q, k, v, q_seg, kv_seg, oh, lse)
-
-
-def _blocked_bwd(block, res, do_BxTxHxK):
-  """Flash-attention backward: for each key block j, the query blocks i >= j."""
-  q, k, v, q_seg, kv_seg, oh, lse = res
-  qh, kh, vh, qs, ks = _layout(q, k, v, q_seg, kv_seg, block)
-  doh = _layout(do_BxTxHxK, k, v, q_seg, kv_seg, block)[0].astype(_F32)
-  delta = jnp.sum(doh * oh, axis=-1)
-  n = qh.shape[3] // block
-  scale = 1.0 / math.sqrt(q.shape[-1])
-
-  def column(dq, j):
-    k_j, v_j, ks_j = _block(kh, j, block, 2), _block(vh, j, block, 2), _block(ks, j, block, 1)
-
-    def step(i, carry):
-      dq, dk, dv = carry
-      q_i, do_i = _block(qh, i, block, 3), _block(doh, i, block, 3)
-      s, ok = _scores(q_i, k_j, _block(qs, i, block, 1), ks_j, i, j, block)
-      p = jnp.where(ok, jnp.exp(s - _block(lse, i, block, 3)[..., None]), 0.0)
-      dp = jnp.einsum("bngqd,bnkd->bngqk", do_i, v_j, preferred_element_type=_F32)
-      ds = p * (dp - _block(delta, i, block, 3)[..., None]) * scale
-      dv = dv + jnp.einsum("bngqk,bngqd->bnkd", p, do_i)
-      dk = dk + jnp.einsum("bngqk,bngqd->bnkd", ds, q_i, preferred_element_type=_F32)
-      dq_i = _block(dq, i, block, 3) + jnp.einsum("bngqk,bnkd->bngqd", ds, k_j,
-                                                  preferred_element_type=_F32)
-      return jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * block, axis=3), dk, dv
-
-    zeros = jnp.zeros(k_j.shape, _F32)
-    dq, dk, dv = jax.lax.fori_loop(j, n, step, (dq, zeros, zeros))
-    return dq, (dk, dv)
-
-  dq, (dk_n, dv_n) = jax.lax.scan(column, jnp.zeros(qh.shape, _F32), jnp.arange(n))
-  t = q.shape[1]
-  dk, dv = (jnp.moveaxis(x, 0, 2).reshape(*x.shape[1:3], -1, x.shape[-1])
-            .transpose(0, 2, 1, 3)[:, :t].astype(k.dtype) for x in (dk_n, dv_n))
-  return _unlayout(dq, t, q.dtype), dk, dv, None, None
-
-
-blocked_attend.defvjp(_blocked_fwd, _blocked_bwd)
+__all__ = ["CONTEXT_IMPLS", "attend", "auto_impl", "blocked_attend", "plain_attend", "resolve",
+           "splash_attend"]
 
 
 def plain_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, chunk: int):
@@ -159,29 +47,42 @@ def plain_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, ch
   return layers.chunked_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, allowed, chunk=chunk)
 
 
-def _splash_local(q, k, v, q_seg, kv_seg, *, row_by_row: bool):
-  """One shard's splash attention: q [b, T, h, D], k / v [b, T, kv, D] (T a multiple of 128).
+def _splash_local(q, k, v, q_seg, kv_seg, *, row_by_row: bool, context=None):
+  """One shard's splash attention: q [b, T, h, D], k / v [b, S, kv, D] (T, S multiples of 128;
+  S = T but with context parallelism, whose shard `context.index` holds queries at offset
+  index x T of the keys: one kernel per offset, the shard's picked by `lax.switch`).
   row_by_row: one kernel call per row (`lax.map`) instead of `vmap`, whose extra grid dimension
   the TPU interpreter rejects (jax 0.10.2: it is not added to the kernel's dimension semantics)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=g-import-not-at-top
       splash_attention_kernel as sk, splash_attention_mask as sm)
-  t, h = q.shape[1], q.shape[2]
-  blk = next(s for s in (512, 256, 128) if t % s == 0)
+  t, s, h = q.shape[1], k.shape[1], q.shape[2]
+  blk = next(b for b in (512, 256, 128) if t % b == 0)
   sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk,
                         block_kv_dkv=blk, block_kv_dkv_compute=blk, block_q_dq=blk,
                         block_kv_dq=blk)
-  kernel = sk.make_splash_mha(sm.MultiHeadMask([sm.CausalMask((t, t))] * h), block_sizes=sizes,
-                              head_shards=1, q_seq_shards=1)
+  kernel = lambda offset: sk.make_splash_mha(  # noqa: E731
+      sm.MultiHeadMask([sm.CausalMask((t, s), offset=offset)] * h), block_sizes=sizes,
+      head_shards=1, q_seq_shards=1)
   scale = 1.0 / math.sqrt(q.shape[-1])
 
-  def one(rows):  # [T, h, D] -> the kernel's [h, T, D]
-    q, k, v, qs, ks = rows
-    o = kernel((q * scale).astype(q.dtype).swapaxes(0, 1), k.swapaxes(0, 1), v.swapaxes(0, 1),
-               segment_ids=sk.SegmentIds(q=qs, kv=ks))
-    return o.swapaxes(0, 1)
+  def run(kernel_, rows):
+    def one(row):  # [T, h, D] -> the kernel's [h, T, D]
+      q, k, v, qs, ks = row
+      o = kernel_((q * scale).astype(q.dtype).swapaxes(0, 1), k.swapaxes(0, 1),
+                  v.swapaxes(0, 1), segment_ids=sk.SegmentIds(q=qs, kv=ks))
+      return o.swapaxes(0, 1)
+    return jax.lax.map(one, rows) if row_by_row else jax.vmap(one)(rows)
 
   rows = (q, k, v, q_seg, kv_seg)
-  return jax.lax.map(one, rows) if row_by_row else jax.vmap(one)(rows)
+  if context is None:
+    return run(kernel(0), rows)
+  branches = [functools.partial(run, kernel(i * t)) for i in range(context.count)]
+  return jax.lax.switch(context.index, branches, rows)
+
+
+def _blocked_local(q, k, v, q_seg, kv_seg, *, block: int, context):
+  """One context shard's blocked attention: its queries at offset index x T of the keys."""
+  return offset_attend(q, k, v, q_seg, kv_seg, context.index * q.shape[1], block)
 
 
 def splash_attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh):
@@ -219,10 +120,18 @@ def attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, impl: st
   """Causal self-attention with segment ids by the chosen implementation (`resolve`)."""
   impl = resolve(impl, mesh)
   args = (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT)
+  context = shard.context_size(mesh)
+  if context > 1 and impl not in CONTEXT_IMPLS:
+    raise ValueError(f"config.model.attention_impl={impl} does not run context-parallel "
+                     f"(mesh.context={context}); use one of {CONTEXT_IMPLS}")
   if impl == "splash":
     return splash_attend(*args, mesh=mesh)
   if impl == "gpu_flash":
     return attention_gpu.gpu_flash_attend(*args, mesh=mesh)
   if impl == "plain":
     return plain_attend(*args, chunk=block)
+  if context > 1:
+    block = min(block, max(-(-q_BxTxHxK.shape[1] // context), 1))
+    return shard.sharded_attend(functools.partial(_blocked_local, block=block), *args,
+                                mesh=mesh, multiple=block, name="blocked attention")
   return blocked_attend(*args, min(block, max(q_BxTxHxK.shape[1], 1)))

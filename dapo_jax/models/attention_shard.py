@@ -1,10 +1,21 @@
-"""Runs a per-shard Pallas attention kernel over a device mesh (a Pallas call does not partition
-itself): `shard_map` over the mesh's batch and head axes, the time axis padded to the kernel's
-block multiple. Used by the TPU splash kernel (`attention.splash_attend`) and the GPU flash
+"""Runs a per-shard attention over a device mesh: `shard_map` over the mesh's batch, context
+and head axes, the time axis padded to the kernel's block multiple (a Pallas call does not
+partition itself; the blocked XLA attention comes here only for context parallelism).
+
+Context parallelism (`mesh.context` > 1, the mesh's `context` axis): every shard holds a
+contiguous 1/c of each row's queries, keys and values; it gathers the keys, values and key
+segments of the whole row from the other shards (one all-gather per layer, whose transpose in
+the backward pass is a reduce-scatter of their gradients) and attends its queries, which sit at
+offset shard x T/c of the row, to them. An all-gather rather than a ring: with grouped-query
+attention K and V are a fraction of Q (Qwen2.5-32B: 8 KV heads for 40 query heads), packing's
+segment ids need no per-step mask bookkeeping, and the gathered K/V live one layer at a time
+(the choice of Llama 3's context parallelism, arXiv 2407.21783, section 3.3.2). Used by the TPU splash kernel (`attention.splash_attend`) and the GPU flash
 kernel (`attention_gpu.gpu_flash_attend`); `check_tpu_interpretable` guards the TPU kernels'
 interpret mode on CPU meshes (also used by `paged.attend_kernel`).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -34,31 +45,56 @@ def check_tpu_interpretable(mesh, what: str):
         f"--xla_force_host_platform_device_count={len(here) + 1})")
 
 
+def context_size(mesh) -> int:
+  """Shards of each row's tokens: the size of the mesh's `context` axis (1 without one)."""
+  return 1 if mesh is None else dict(mesh.shape).get(sharding.CONTEXT, 1)
+
+
 def head_specs(q_BxTxHxK, k_BxTxKvxK, mesh, name: str):
-  """(q spec, k / v spec, segment spec) over the mesh: batch over its batch axes, query and KV
-  heads over tensor, which must split both the same way (each shard holds whole groups)."""
+  """(q spec, k / v spec, segment spec) over the mesh: batch over its batch axes, time over
+  context, query and KV heads over tensor, which must split both the same way (each shard holds
+  whole groups)."""
   spec = lambda x, names: sharding.logical_to_mesh_sharding(names, mesh, shape=x.shape).spec
-  q_spec = spec(q_BxTxHxK, ("batch", None, "heads", None))
-  kv_spec = spec(k_BxTxKvxK, ("batch", None, "kv_heads", None))
+  q_spec = spec(q_BxTxHxK, ("batch", "seq", "heads", None))
+  kv_spec = spec(k_BxTxKvxK, ("batch", "seq", "kv_heads", None))
   if q_spec[2] != kv_spec[2]:
     raise ValueError(f"{name}: query heads {q_BxTxHxK.shape[2]} and KV heads "
                      f"{k_BxTxKvxK.shape[2]} must split the same way over the mesh "
                      f"{dict(mesh.shape)} (got {q_spec} vs {kv_spec}); set "
                      "config.model.attention_impl=blocked")
-  return q_spec, kv_spec, P(q_spec[0], None)
+  return q_spec, kv_spec, P(q_spec[0], q_spec[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextShard:
+  """Which of the `count` context shards runs (`index`, traced): its queries sit at offset
+  index x (its query count) of the gathered keys."""
+  index: jax.Array
+  count: int
 
 
 def sharded_attend(local, q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, mesh,
                    multiple: int, name: str):
   """`local(q, k, v, q_seg, kv_seg)` on each (batch, head) shard, T padded to a multiple of
-  `multiple`: padded queries (segment -1) and keys (-2) match nothing real and are cut off."""
-  t = q_BxTxHxK.shape[1]
-  pad = -t % multiple
+  `multiple` (of each context shard's length): padded queries (segment -1) and keys (-2) match
+  nothing real and are cut off. With a context axis (module doc) `local` gets the keys, values
+  and key segments of the whole row and `context=ContextShard(...)`."""
+  t, c = q_BxTxHxK.shape[1], context_size(mesh)
+  pad = -t % (multiple * c)
   tp = ((0, 0), (0, pad), (0, 0), (0, 0))
   q, k, v = (jnp.pad(x, tp) for x in (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK))
   qs = jnp.pad(q_seg_BxT, ((0, 0), (0, pad)), constant_values=-1)
   ks = jnp.pad(kv_seg_BxT, ((0, 0), (0, pad)), constant_values=-2)
   q_spec, kv_spec, seg_spec = head_specs(q, k, mesh, name)
-  out = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec),
+  if c > 1 and q_spec[1] != sharding.CONTEXT:
+    raise ValueError(f"{name}: the time axis ({q.shape[1]}) does not split over the mesh's "
+                     f"context axis {dict(mesh.shape)} (got {q_spec})")
+  body = local
+  if c > 1:
+    def body(q, k, v, qs, ks):
+      gather = lambda x: jax.lax.all_gather(x, sharding.CONTEXT, axis=1, tiled=True)
+      shard = ContextShard(index=jax.lax.axis_index(sharding.CONTEXT), count=c)
+      return local(q, gather(k), gather(v), qs, gather(ks), context=shard)
+  out = jax.shard_map(body, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, seg_spec),
                       out_specs=q_spec, check_vma=False)(q, k, v, qs, ks)
   return out[:, :t]

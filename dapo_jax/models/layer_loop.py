@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dapo_jax import sharding
 from dapo_jax.models import layers as L
 from dapo_jax.models import moe
 
@@ -34,6 +35,7 @@ def run(cfg, layers, h, cos, sin, attention, *, valid_BxT, replay_LxBxTxK=None, 
   or None for a dense model). replay_LxBxTxK: expert ids per MoE layer (routing replay)."""
   def body(h, xs):
     p, replay = xs
+    h = sharding.constrain_tokens(h, mesh)  # each layer's input split over context, if any
     h, aux, routing = L.decoder_layer_routed(cfg, p, h, cos, sin, attention,
                                              valid_BxT=valid_BxT, replay_BxTxK=replay,
                                              mesh=mesh)

@@ -1,9 +1,13 @@
 """Chunked log-probs (and entropies) of given tokens under the policy, optionally routed."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from dapo_jax import sharding
+from dapo_jax.models import attention_shard
 from dapo_jax.models import layers as L
 
 
@@ -61,9 +65,59 @@ def routed_token_logprobs(model, tokens_BxT, mask_BxT, *, temperature: float = 1
   if t == 1:
     zeros = jnp.zeros((b, t), jnp.float32)
     return zeros, (zeros if with_entropy else None), routing
-  logp, ent = _chunked(model.output_weight(), h_BxTxD, tokens_BxT, mask_BxT,
-                       temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+  chunked = _chunked
+  if (shards := attention_shard.context_size(mesh)) > 1:
+    chunked = functools.partial(_context_chunked, shards=shards, mesh=mesh)
+  logp, ent = chunked(model.output_weight(), h_BxTxD, tokens_BxT, mask_BxT,
+                      temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
   return logp, ent, routing
+
+
+def _logp_entropy(w_DxV, h_xD, y_x, *, temperature, with_entropy):
+  """Log-probs of targets y (and entropies) from hidden states h, rematerialised in the
+  backward pass (one chunk's logits at a time)."""
+  @jax.checkpoint
+  def chunk(h_xD, y_x):
+    z = L.dense(h_xD, w_DxV, out_dtype=jnp.float32) / temperature
+    lse = jax.nn.logsumexp(z, axis=-1)
+    logp = jnp.take_along_axis(z, y_x[..., None], axis=-1)[..., 0] - lse
+    if not with_entropy:
+      return logp, None
+    p = jnp.exp(z - lse[..., None])
+    return logp, lse - jnp.sum(p * z, axis=-1)
+  return chunk(h_xD, y_x)
+
+
+def _context_chunked(w_DxV, h_BxTxD, tokens_BxT, mask_BxT, *, shards, mesh, temperature,
+                     chunk_size, with_entropy):
+  """`_chunked` for hidden states split over the mesh's context axis: each shard's positions
+  predict their next token (targets shifted instead of the hidden states, so nothing of h
+  moves between shards), in chunks of about chunk_size tokens over all shards; the per-token
+  results are shifted back to the token they score."""
+  b, t, d = h_BxTxD.shape
+  if t % shards:
+    raise ValueError(f"token_logprobs: {t} positions do not split over mesh.context={shards}")
+  tl = t // shards
+  c = min(max(1, chunk_size // (b * shards)), tl)
+  n = -(-tl // c)
+  pad = ((0, 0), (0, 0), (0, n * c - tl))
+  lay = lambda x: jnp.moveaxis(  # noqa: E731  [B, T, ...] -> [n, B, shards, c, ...]
+      jnp.pad(x.reshape(b, shards, tl, *x.shape[2:]), pad + ((0, 0),) * (x.ndim - 2))
+      .reshape(b, shards, n, c, *x.shape[2:]), 2, 0)
+  split = lambda x: sharding.constrain_tokens(  # noqa: E731
+      x, mesh, names=(None, "batch", "seq"))
+  h_n = split(lay(h_BxTxD))
+  y_n = split(lay(jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))))
+  step = functools.partial(_logp_entropy, w_DxV, temperature=temperature,
+                           with_entropy=with_entropy)
+  _, (logp_n, ent_n) = jax.lax.scan(lambda _, xs: (None, step(*xs)), None, (h_n, y_n))
+
+  def unchunk(x_n):  # position t's score of token t + 1 -> token t + 1's entry
+    x = jnp.moveaxis(x_n, 0, 2).reshape(b, shards, n * c)[:, :, :tl].reshape(b, t)
+    x = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), x[:, :-1]], axis=1)
+    return jnp.where(mask_BxT > 0, x, 0.0)
+
+  return unchunk(logp_n), (unchunk(ent_n) if with_entropy else None)
 
 
 def _chunked(w_DxV, h_BxTxD, tokens_BxT, mask_BxT, *, temperature, chunk_size, with_entropy):
@@ -77,16 +131,8 @@ def _chunked(w_DxV, h_BxTxD, tokens_BxT, mask_BxT, *, temperature, chunk_size, w
   h_n = h_prev.reshape(b, n, c, -1).swapaxes(0, 1)
   y_n = targets.reshape(b, n, c).swapaxes(0, 1)
 
-  @jax.checkpoint
-  def chunk(h_BxCxD, y_BxC):
-    z = L.dense(h_BxCxD, w_DxV, out_dtype=jnp.float32) / temperature
-    lse = jax.nn.logsumexp(z, axis=-1)
-    logp = jnp.take_along_axis(z, y_BxC[..., None], axis=-1)[..., 0] - lse
-    if not with_entropy:
-      return logp, None
-    p = jnp.exp(z - lse[..., None])
-    return logp, lse - jnp.sum(p * z, axis=-1)
-
+  chunk = functools.partial(_logp_entropy, w_DxV, temperature=temperature,
+                            with_entropy=with_entropy)
   _, (logp_n, ent_n) = jax.lax.scan(lambda _, xs: (None, chunk(*xs)), None, (h_n, y_n))
 
   def unchunk(x_n):

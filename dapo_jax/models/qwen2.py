@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax import sharding
 from dapo_jax.models import attention as attention_lib
 from dapo_jax.models import decode as decode_lib
 from dapo_jax.models import layer_loop
@@ -65,8 +66,12 @@ class Qwen2(nnx.Module):
     """LM-head logits in float32 for hidden states of any leading shape."""
     return L.dense(h_xD, self.output_weight(), out_dtype=jnp.float32)
 
-  def _embed(self, tokens):
-    return jnp.take(self.embed.get_value(), tokens, axis=0).astype(self.dtype)
+  def _embed(self, tokens, mesh=None):
+    """Embeddings of `tokens`; with context parallelism the table's rows are taken whole (its
+    embed dimension gathered first, as FSDP does for every weight), so the result can split
+    over the tokens without a reshuffle."""
+    table = sharding.constrain_tokens(self.embed.get_value(), mesh, names=("vocab", None))
+    return jnp.take(table, tokens, axis=0).astype(self.dtype)
 
   # ----- full sequence --------------------------------------------------------------------
   def _full(self, tokens_BxT, mask_BxT, positions_BxT, *, collect_kv: bool,
@@ -97,7 +102,7 @@ class Qwen2(nnx.Module):
                                block=self.cfg.attention_chunk, mesh=mesh)
       return o, ((k, v) if collect_kv else None)
 
-    h = self._embed(tokens_BxT)
+    h = sharding.constrain_tokens(self._embed(tokens_BxT, mesh), mesh)
     h, kv, routing = layer_loop.run(self.cfg, self.layers, h, cos, sin, attention,
                                     valid_BxT=kv_seg > 0, replay_LxBxTxK=expert_ids_LxBxTxK,
                                     mesh=mesh)

@@ -134,7 +134,17 @@ class Engine(engine_api.Engine):
 
   @property
   def params(self):
+    if self._params is None:
+      raise RuntimeError("the sampler's weights were released for the update "
+                         "(Engine.release_params); the weight sync (load_params) puts them back")
     return self._params
+
+  def release_params(self) -> None:
+    """Deletes the engine's weights (the colocated update's chips get their HBM back; the
+    weight sync that follows the update refills them: `load_params`)."""
+    old, self._params = self._params, None
+    if old is not None:
+      jax.tree.map(lambda x: x.delete(), old)
 
   def load_params(self, params=None, *, free_old: bool = False):
     """Returns the engine's params; given `params` (the trainer's nnx.Param state or a pure
@@ -144,11 +154,10 @@ class Engine(engine_api.Engine):
     free_old: delete the previous copy first, so the transfer's peak holds one sampler copy
     (only when nothing else holds it: the sampler's weight sync)."""
     if params is None:
-      return self._params
+      return self.params
     matched = transfer.match_tree(params, self._like)
     if free_old:
-      old, self._params = self._params, None
-      jax.tree.map(lambda x: x.delete(), old)
+      self.release_params()
     self._params = self._placed(matched)
     return self._params
 
@@ -247,7 +256,7 @@ class Engine(engine_api.Engine):
     """All slots free, with the given (validated) sampling parameters or the serving ones."""
     sp = self.serving_sampling if sampling_params is None else sampling_params
     sp = sp.validated(self.cfg.vocab_size)
-    return self._jit_init(self._params, self._rest, state_lib.root_key_data(sp.seed),
+    return self._jit_init(self.params, self._rest, state_lib.root_key_data(sp.seed),
                           np.float32(sp.temperature), np.float32(sp.top_p), np.int32(sp.top_k),
                           sp.eos_array())
 

@@ -29,6 +29,13 @@ class Placement:
     return [d for d in self.sampler if d.process_index == jax.process_index()]
 
 
+def frees_sampler_weights(cfg: Config) -> bool:
+  """Whether the sampler's copy of the weights is deleted for the update: in the synchronous
+  loop (rollout.max_staleness = 0) of the colocated placement its chips are the update's and
+  nothing samples until the weight sync, which refills the copy (train/trainer.py)."""
+  return cfg.rollout.placement == "colocated" and cfg.rollout.max_staleness == 0
+
+
 def sampler_device_count(cfg: Config, total: int) -> int:
   """rollout.sampler_devices as a count of `total` devices (a fraction is rounded)."""
   n = cfg.rollout.sampler_devices
@@ -59,11 +66,15 @@ def place(cfg: Config, devices=None) -> Placement:
 
 
 def build_mesh(cfg: Config, devices=None):
-  """The trainer's mesh (data x fsdp x tensor, config.mesh) over `devices`."""
+  """The trainer's mesh (data x fsdp x tensor, config.mesh) over `devices`, with a context axis
+  between fsdp and tensor when mesh.context > 1 (context parallelism, dapo_jax/sharding.py)."""
   mesh = cfg.mesh
+  axes = {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+  if mesh.context > 1:
+    axes = {"data": mesh.data, "fsdp": mesh.fsdp, sharding.CONTEXT: mesh.context,
+            "tensor": mesh.tensor}
   try:
-    return sharding.make_mesh({"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor},
-                              devices)
+    return sharding.make_mesh(axes, devices)
   except ValueError as err:
     raise ValueError(f"config.mesh: {err}") from None
 

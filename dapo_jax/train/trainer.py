@@ -34,7 +34,7 @@ from dapo_jax.train import checkpoint as ckpt_lib
 from dapo_jax.train import collector as collector_lib
 from dapo_jax.train import groups as groups_lib, logprob_pass, multihost
 from dapo_jax.train import pipeline as pipeline_lib
-from dapo_jax.train import recovery, rounds
+from dapo_jax.train import placement, recovery, rounds
 from dapo_jax.train.run import Run, build, jitted_update  # noqa: F401  (the loop's entry points)
 from dapo_jax.train.batch import MiniBatch, on_policy_update
 
@@ -112,6 +112,8 @@ def rollout_step(run: Run, step_fn) -> dict:
   timer = metrics_lib.PhaseTimer()
   with timer("rollout"):
     batch, sampling_summary = collector_lib.collect(run)
+  if placement.frees_sampler_weights(run.cfg):  # dead until the sync refills them
+    run.sampler.engine.release_params()
   with timer("prepare"):
     prep = prepare(run, batch)
   # Real tokens / positions the update computes (1 = no padding; train.packing raises it).
