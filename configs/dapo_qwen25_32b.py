@@ -22,7 +22,7 @@ from configs.base import base_config, parse_arg
 def get_config(arg=None):
   # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (docs/scale.md;
   # https://github.com/volcengine/verl/issues/795, https://github.com/volcengine/verl/issues/1643).
-  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375)
+  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375, tpu="v5p-128")
   c = base_config()
   c.model.source = "hf"                 # Qwen2.5-32B base: an HF checkpoint directory or gs:// URL
   c.model.hf_path = opts["hf_path"]
@@ -78,4 +78,24 @@ def get_config(arg=None):
   c.checkpoint.every_steps = 10         # rollout steps
   c.checkpoint.keep = 3
   c.distributed.enabled = True          # TPU pod: coordinator found from the environment
+  _fit_slice(c, opts["tpu"])
   return c
+
+
+# The settings that fit the recipe on each slice, by compilation (python -m dapo_jax.aot
+# --config=configs/dapo_qwen25_32b.py:tpu=SLICE --topology=SLICE; docs/scale.md).
+SLICES = {
+    "v5p-128": {},                        # the settings above: fsdp 16 x tensor 4, bf16 sampler
+    # 16 GiB chips: each row's tokens over 4 chips (one row of 22,528 tokens per chip does not
+    # fit the update), int8 sampler weights, a 4 GiB KV pool per chip (65,536 tokens per host).
+    "v5e-256": {"mesh.context": 4, "train.micro_batch_size": 16,
+                "rollout.weight_dtype": "int8", "rollout.kv_cache_gib": 4.0},
+}
+
+
+def _fit_slice(c, tpu: str):
+  if tpu not in SLICES:
+    raise ValueError(f"config arg tpu: {tpu!r} has no fitted settings; known: {sorted(SLICES)}")
+  for path, value in SLICES[tpu].items():
+    section, field = path.split(".")
+    c[section][field] = value

@@ -19,7 +19,8 @@ def _tiny(arg=None):
 
 @pytest.mark.parametrize("module, arg", [
     ("configs.tiny_cpu", None), ("configs.tiny_cpu", "runlocal=True"),
-    ("configs.dapo_qwen25_32b", None), ("configs.ladder", "rung=naive_grpo"),
+    ("configs.dapo_qwen25_32b", None), ("configs.dapo_qwen25_32b", "tpu=v5e-256"),
+    ("configs.ladder", "rung=naive_grpo"),
     ("configs.ladder", "rung=dapo,seed=2"), ("configs.ladder", "rung=token_level,base=qwen25_32b"),
 ])
 def test_shipped_configs_parse(module, arg):
@@ -39,6 +40,17 @@ def test_paper_recipe_values():
       20480, 4096, 2048)
   assert c.algo.kl_coef == 0.0 and c.eval.num_samples == 32 and c.eval.top_p == 0.7
   assert c.warmup_updates == 20 * 16  # warm-up counted in optimizer updates
+
+
+def test_paper_recipe_slice_settings():
+  """tpu=SLICE: the settings its compile fitted (docs/scale.md); the recipe's maths unchanged."""
+  mod = importlib.import_module("configs.dapo_qwen25_32b")
+  c = config_lib.parse(mod.get_config("tpu=v5e-256"))
+  assert (c.mesh.context, c.mesh.tensor, c.train.micro_batch_size) == (4, 4, 16)
+  assert (c.rollout.weight_dtype, c.rollout.kv_cache_gib) == ("int8", 4.0)
+  assert c.algo == config_lib.parse(mod.get_config()).algo
+  with pytest.raises(ValueError, match="tpu: 'v6e-8' has no fitted settings"):
+    mod.get_config("tpu=v6e-8")
 
 
 def test_lock_rejects_typo():
