@@ -20,6 +20,7 @@ def _tiny(arg=None):
 @pytest.mark.parametrize("module, arg", [
     ("configs.tiny_cpu", None), ("configs.tiny_cpu", "runlocal=True"),
     ("configs.dapo_qwen25_32b", None), ("configs.dapo_qwen25_32b", "tpu=v5e-256"),
+    ("configs.dapo_qwen25_32b", "tpu=v6e-32"), ("configs.dapo_qwen25_32b", "tpu=v6e-64"),
     ("configs.ladder", "rung=naive_grpo"),
     ("configs.ladder", "rung=dapo,seed=2"), ("configs.ladder", "rung=token_level,base=qwen25_32b"),
 ])
