@@ -91,6 +91,12 @@ PILOT_ARMS = {              # the pilot16 sweep: learning rate, and a narrower c
     "lr1e-04": {"optim.lr": 1e-4},
     "lr5e-05": {"optim.lr": 5e-5},
     "lr5e-05_eps0.10": {"optim.lr": 5e-5, "algo.eps_low": 0.1, "algo.eps_high": 0.14}}
+EPS_PILOT = {               # the eps_pilot sweep: settings where the upper clip may act more
+    "lr8e-04": {"optim.lr": 8e-4},                              # 4x the per-update step
+    "mb16": {"train.num_minibatches": 16},                      # 16 updates per rollout step
+    "mb16_lr4e-04": {"train.num_minibatches": 16, "optim.lr": 4e-4}}
+EPS_PILOT_ARMS = (0.20, 0.28)   # eps_high; eps_low stays 0.2 (0.20 = no Clip-Higher)
+EPS_PILOT_SEEDS = (0, 1, 2)
 REGISTRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "experiments", "preregistration")  # <campaign>.json: sweeps too
 STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
@@ -198,7 +204,8 @@ def get_sweep(arg=None):
   REGISTRATIONS): the registration's arms on its base x its seeds, seed-major, each with its
   overrides. staleness: the DAPO rung with each STALENESS as
   rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. int8_rollout: the DAPO rung with
-  each INT8_ARMS x SWEEP_SEEDS. Several names may be joined
+  each INT8_ARMS x SWEEP_SEEDS. eps_pilot: the DAPO rung with each EPS_PILOT setting x
+  EPS_PILOT_ARMS (eps_high) x EPS_PILOT_SEEDS, seed-major (an exploratory pilot grid). Several names may be joined
   with ','.
   """
   names = (arg or "ladder").split(",")
@@ -229,6 +236,10 @@ def get_sweep(arg=None):
     elif name == "pilot16":
       runs += [{"name": f"{arm}_s{s}", "arg": f"rung=dapo,seed={s},base=testbed16",
                 "overrides": o} for s in PILOT_SEEDS for arm, o in PILOT_ARMS.items()]
+    elif name == "eps_pilot":  # exploratory: where does eps_high 0.28 vs 0.20 move entropy?
+      runs += [{"name": f"{st}_eps{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {**o, "algo.eps_high": e}}
+               for s in EPS_PILOT_SEEDS for st, o in EPS_PILOT.items() for e in EPS_PILOT_ARMS]
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
@@ -250,7 +261,8 @@ def get_sweep(arg=None):
                for m, o in variant_overrides().items() for s in SWEEP_SEEDS]
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
-                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, int8_rollout, or "
+                       "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, int8_rollout, "
+                       "eps_pilot, or "
                        "a campaign "
                        f"registered under {REGISTRATIONS}")
   return runs

@@ -49,6 +49,19 @@ def test_sweeps_are_data():
     ladder.get_sweep("nope")
 
 
+def test_eps_pilot_sweep_pairs_each_setting_and_seed():
+  ladder = importlib.import_module("configs.ladder")
+  runs = ladder.get_sweep("eps_pilot")
+  assert len(runs) == len(ladder.EPS_PILOT) * 2 * 3
+  pairs = {}
+  for r in runs:
+    setting, _, seed = r["name"].rpartition("_s")
+    pairs.setdefault((setting.rpartition("_eps")[0], seed), set()).add(
+        r["overrides"]["algo.eps_high"])
+  assert all(v == {0.2, 0.28} for v in pairs.values()) and len(pairs) == 9
+  assert runs[0]["arg"] == "rung=dapo,seed=0"
+
+
 def test_loss_mode_sweep_runs_each_mode_at_its_own_clip_range():
   from dapo_jax.core import loss_modes
   ladder = importlib.import_module("configs.ladder")
