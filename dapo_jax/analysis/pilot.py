@@ -68,10 +68,11 @@ def render(rows: list[dict], *, metric: str = "avg@8") -> str:
           f"{'d':>6}  {'upper clip 0.20 / 0.28':>24}  {metric + ' 0.20 / 0.28':>20}")
   lines = [head]
   for r in rows:
+    clip = [f"{100 * r[f'upclip_{e:.2f}']:.3f}%" for e in ARMS]
     lines.append(
         f"{r['setting']:<16}{len(r['seeds']):>6}  "
         f"{r['entropy_tail_0.20']:>12.4f} / {r['entropy_tail_0.28']:<10.4f}  "
         f"{r['entropy_diff']:>+8.4f}  {r['entropy_d']:>6.2f}  "
-        f"{100 * r['upclip_0.20']:>10.3f}% / {100 * r['upclip_0.28']:<9.3f}%  "
+        f"{clip[0]:>11} / {clip[1]:<10}  "
         f"{r[f'{metric}_0.20']:>9.3f} / {r[f'{metric}_0.28']:<8.3f}")
   return "\n".join(lines)
