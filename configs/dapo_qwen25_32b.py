@@ -86,8 +86,6 @@ def get_config(arg=None):
 # --config=configs/dapo_qwen25_32b.py:tpu=SLICE --topology=SLICE; docs/scale.md).
 SLICES = {
     "v5p-128": {},                        # the settings above: fsdp 16 x tensor 4, bf16 sampler
-    # 16 GiB chips: each row's tokens over 4 chips (one row of 22,528 tokens per chip does not
-    # fit the update), int8 sampler weights, a 4 GiB KV pool per chip (65,536 tokens per host).
     # 32 GiB chips: the recipe's mesh as on v5p-128 (fsdp 16 x tensor 4, one row per chip), an
     # 8 GiB KV pool per chip (131,072 tokens per host); no context parallelism needed.
     "v6e-64": {"rollout.kv_cache_gib": 8.0},
@@ -95,6 +93,8 @@ SLICES = {
     # tokens over 4 chips (micro-batches of 2 rows), int8 sampler weights, a 6 GiB KV pool.
     "v6e-32": {"mesh.context": 4, "train.micro_batch_size": 2,
                "rollout.weight_dtype": "int8", "rollout.kv_cache_gib": 6.0},
+    # 16 GiB chips: each row's tokens over 4 chips (one row of 22,528 tokens per chip does not
+    # fit the update), int8 sampler weights, a 4 GiB KV pool per chip (65,536 tokens per host).
     "v5e-256": {"mesh.context": 4, "train.micro_batch_size": 16,
                 "rollout.weight_dtype": "int8", "rollout.kv_cache_gib": 4.0},
 }

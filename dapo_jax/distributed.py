@@ -1,4 +1,5 @@
 """Multi-host start-up (jax.distributed from the config or the environment) and fatal faults."""
+import math
 import os
 import sys
 import threading
@@ -18,10 +19,7 @@ def cpu_devices_for_mesh(cfg) -> int | None:
   changes nothing on an accelerator, whose devices the mesh uses). Left alone when
   XLA_FLAGS already sets the count, or several processes run. Returns the count set, or None."""
   m = cfg.mesh
-  fixed = [n for n in (m.data, m.fsdp, m.tensor, m.context) if n != -1]
-  need = 1
-  for n in fixed:
-    need *= n
+  need = math.prod(n for n in (m.data, m.fsdp, m.tensor, m.context) if n != -1)
   if (need <= 1 or cfg.distributed.enabled
       or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
     return None

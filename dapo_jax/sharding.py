@@ -115,11 +115,16 @@ def model_shardings(model, mesh: Mesh, rules=DEFAULT_RULES):
   return jax.tree.map(to_sharding, nnx.state(model), is_leaf=_is_var)
 
 
+def context_size(mesh) -> int:
+  """Shards of each row's tokens: the size of the mesh's `context` axis (1 without one)."""
+  return 1 if mesh is None else dict(mesh.shape).get(CONTEXT, 1)
+
+
 def constrain_tokens(x, mesh, names=("batch", "seq"), rules=DEFAULT_RULES):
   """x [B, T, ...] laid out with T over the mesh's context axis (rows over the batch axes); x
   itself when the mesh has no context axis (nothing is constrained then: the layout is GSPMD's,
   as without context parallelism)."""
-  if mesh is None or dict(mesh.shape).get(CONTEXT, 1) == 1:
+  if context_size(mesh) == 1:
     return x
   names = tuple(names) + (None,) * (x.ndim - len(names))
   return jax.lax.with_sharding_constraint(

@@ -141,6 +141,12 @@ def _config(**mesh):
   return c
 
 
+def test_the_config_check_names_the_impls_attention_runs_context_parallel():
+  from dapo_jax.config import checks  # pylint: disable=import-outside-toplevel
+  from dapo_jax.models import attention  # pylint: disable=import-outside-toplevel
+  assert checks.CONTEXT_ATTENTION_IMPLS == attention.CONTEXT_IMPLS
+
+
 def test_mesh_has_a_context_axis_only_when_asked(cpu_devices):
   plain = placement.build_mesh(config_lib.parse(_config()), cpu_devices)
   assert sharding.CONTEXT not in plain.shape  # context 1: the mesh of every earlier run

@@ -15,6 +15,8 @@ from dapo_jax.data.testbed import DEMO_KNOBS
 # models/quant.WEIGHT_DTYPES (not imported: a config error must not wait for flax; a test
 # holds the two equal)
 SAMPLER_WEIGHT_DTYPES = ("auto", "bfloat16", "float32", "int8")
+# model.attention_impl values that run context-parallel (models/attention.py: CONTEXT_IMPLS).
+CONTEXT_ATTENTION_IMPLS = ("auto", "blocked", "splash")
 
 
 def _require(ok: bool, where: str, msg: str):
@@ -256,7 +258,7 @@ def _validate_context(c: "Config"):
     return
   _require(c.seq_len % n == 0, "mesh.context",
            f"{n} must divide the rows' length seq_len={c.seq_len} (prompt + response tokens)")
-  _require(c.model.attention_impl in ("auto", "blocked", "splash"), "mesh.context",
+  _require(c.model.attention_impl in CONTEXT_ATTENTION_IMPLS, "mesh.context",
            f"context parallelism runs the blocked or splash attention, not "
            f"model.attention_impl={c.model.attention_impl!r}")
 

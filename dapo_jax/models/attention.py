@@ -26,6 +26,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dapo_jax import sharding
 from dapo_jax.models import attention_gpu
 from dapo_jax.models import attention_shard as shard
 from dapo_jax.models.attention_blocked import blocked_attend, offset_attend
@@ -120,7 +121,7 @@ def attend(q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT, *, impl: st
   """Causal self-attention with segment ids by the chosen implementation (`resolve`)."""
   impl = resolve(impl, mesh)
   args = (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_BxT)
-  context = shard.context_size(mesh)
+  context = sharding.context_size(mesh)
   if context > 1 and impl not in CONTEXT_IMPLS:
     raise ValueError(f"config.model.attention_impl={impl} does not run context-parallel "
                      f"(mesh.context={context}); use one of {CONTEXT_IMPLS}")

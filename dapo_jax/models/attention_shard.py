@@ -9,8 +9,10 @@ the backward pass is a reduce-scatter of their gradients) and attends its querie
 offset shard x T/c of the row, to them. An all-gather rather than a ring: with grouped-query
 attention K and V are a fraction of Q (Qwen2.5-32B: 8 KV heads for 40 query heads), packing's
 segment ids need no per-step mask bookkeeping, and the gathered K/V live one layer at a time
-(the choice of Llama 3's context parallelism, arXiv 2407.21783, section 3.3.2). Used by the TPU splash kernel (`attention.splash_attend`) and the GPU flash
-kernel (`attention_gpu.gpu_flash_attend`); `check_tpu_interpretable` guards the TPU kernels'
+(the choice of Llama 3's context parallelism, arXiv 2407.21783, section 3.3.2).
+
+Used by the TPU splash kernel (`attention.splash_attend`), the GPU flash kernel
+(`attention_gpu.gpu_flash_attend`) and, with a context axis, the blocked attention; `check_tpu_interpretable` guards the TPU kernels'
 interpret mode on CPU meshes (also used by `paged.attend_kernel`).
 """
 from __future__ import annotations
@@ -45,11 +47,6 @@ def check_tpu_interpretable(mesh, what: str):
         f"--xla_force_host_platform_device_count={len(here) + 1})")
 
 
-def context_size(mesh) -> int:
-  """Shards of each row's tokens: the size of the mesh's `context` axis (1 without one)."""
-  return 1 if mesh is None else dict(mesh.shape).get(sharding.CONTEXT, 1)
-
-
 def head_specs(q_BxTxHxK, k_BxTxKvxK, mesh, name: str):
   """(q spec, k / v spec, segment spec) over the mesh: batch over its batch axes, time over
   context, query and KV heads over tensor, which must split both the same way (each shard holds
@@ -79,7 +76,7 @@ def sharded_attend(local, q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK, q_seg_BxT, kv_seg_B
   `multiple` (of each context shard's length): padded queries (segment -1) and keys (-2) match
   nothing real and are cut off. With a context axis (module doc) `local` gets the keys, values
   and key segments of the whole row and `context=ContextShard(...)`."""
-  t, c = q_BxTxHxK.shape[1], context_size(mesh)
+  t, c = q_BxTxHxK.shape[1], sharding.context_size(mesh)
   pad = -t % (multiple * c)
   tp = ((0, 0), (0, pad), (0, 0), (0, 0))
   q, k, v = (jnp.pad(x, tp) for x in (q_BxTxHxK, k_BxTxKvxK, v_BxTxKvxK))

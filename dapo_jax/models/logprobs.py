@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 
 from dapo_jax import sharding
-from dapo_jax.models import attention_shard
 from dapo_jax.models import layers as L
 
 
@@ -66,7 +65,7 @@ def routed_token_logprobs(model, tokens_BxT, mask_BxT, *, temperature: float = 1
     zeros = jnp.zeros((b, t), jnp.float32)
     return zeros, (zeros if with_entropy else None), routing
   chunked = _chunked
-  if (shards := attention_shard.context_size(mesh)) > 1:
+  if (shards := sharding.context_size(mesh)) > 1:
     chunked = functools.partial(_context_chunked, shards=shards, mesh=mesh)
   logp, ent = chunked(model.output_weight(), h_BxTxD, tokens_BxT, mask_BxT,
                       temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)

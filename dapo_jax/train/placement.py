@@ -69,10 +69,10 @@ def build_mesh(cfg: Config, devices=None):
   """The trainer's mesh (data x fsdp x tensor, config.mesh) over `devices`, with a context axis
   between fsdp and tensor when mesh.context > 1 (context parallelism, dapo_jax/sharding.py)."""
   mesh = cfg.mesh
-  axes = {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+  axes = {"data": mesh.data, "fsdp": mesh.fsdp}
   if mesh.context > 1:
-    axes = {"data": mesh.data, "fsdp": mesh.fsdp, sharding.CONTEXT: mesh.context,
-            "tensor": mesh.tensor}
+    axes[sharding.CONTEXT] = mesh.context
+  axes["tensor"] = mesh.tensor
   try:
     return sharding.make_mesh(axes, devices)
   except ValueError as err:
