@@ -3,6 +3,10 @@
     python benchmarks/bench_sampler.py --model=HF_DIR --json=out.json
     python benchmarks/bench_sampler.py --size=tiny            # a random model made on the fly
     python benchmarks/bench_sampler.py --size=tiny --paged_kv=1   # the paged KV cache
+    python benchmarks/bench_sampler.py --size=small --lora_rank=16 --lora_decode=adapters
+    python benchmarks/bench_sampler.py --size=small --lora_rank=16 --lora_decode=merged
+      # a LoRA policy (every projection, trained-like adapters): decode applying the adapters
+      # per projection, or with them merged into the weights (models/lora.py)
 
 16 prompts x 16 samples, 64-token random prompts (ids >= 4), 128 new tokens, temperature 1,
 no EOS (every response is full length). One warm-up call (compilation), then `--reps` timed
@@ -33,6 +37,8 @@ def run(model_dir: str, args) -> dict:
   from dapo_jax.models import hf_io  # pylint: disable=g-import-not-at-top
   from dapo_jax.rollout.sampler import make_sampler  # pylint: disable=g-import-not-at-top
   model, cfg = hf_io.load_pretrained(model_dir)
+  if args.lora_rank:
+    model = lora_policy(model, args.lora_rank, merged=args.lora_decode == "merged")
   n, g, p, new = args.prompts, args.group, args.prompt_len, args.new
   rng = np.random.default_rng(0)
   prompts = rng.integers(4, cfg.vocab_size, size=(n, p)).tolist()
@@ -53,8 +59,22 @@ def run(model_dir: str, args) -> dict:
   return dict(side="dapo_jax sample_groups", tok_per_s=s["median"], tok_per_s_range=s,
               flops_per_token=fl / (n * g * new), loadavg_before=load0,
               loadavg_after=common.loadavg(), decode_steps=r.stats["decode_steps"],
-              cpu_s_per_call=cpu, paged_kv=bool(args.paged_kv),
+              cpu_s_per_call=cpu, paged_kv=bool(args.paged_kv), lora_rank=args.lora_rank,
+              lora_decode=args.lora_decode if args.lora_rank else None,
               setting=dict(prompts=n, group=g, prompt_len=p, new=new))
+
+
+def lora_policy(model, rank: int, *, merged: bool):
+  """`model` with rank-`rank` adapters on every projection, B drawn N(0, 0.02^2) (as after
+  training, not PEFT's zeros); `merged`: the same policy with the adapters merged in."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from dapo_jax.models import lora  # pylint: disable=g-import-not-at-top
+  lora.attach(model, rank=rank, alpha=2.0 * rank, targets=",".join(lora.TARGETS), seed=0)
+  graphdef, adapters, frozen = lora.split(model)
+  adapters = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(jax.random.key(1), x.shape),
+                          adapters)
+  model = lora.merge(graphdef, (adapters, frozen))
+  return lora.merged_model(model) if merged else model
 
 
 def main():
@@ -67,6 +87,9 @@ def main():
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--reps", type=int, default=2, help="timed calls after the warm-up")
   ap.add_argument("--paged_kv", type=int, default=0, help="1: the paged KV cache")
+  ap.add_argument("--lora_rank", type=int, default=0, help="> 0: a LoRA policy of this rank")
+  ap.add_argument("--lora_decode", default="adapters", choices=("adapters", "merged"),
+                  help="LoRA: apply the adapters in decode, or decode merged weights")
   ap.add_argument("--json", help="write the result here")
   args = ap.parse_args()
   with tempfile.TemporaryDirectory() as tmp:

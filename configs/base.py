@@ -144,6 +144,9 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.mesh = dict(data=-1, fsdp=1, tensor=1, context=1)  # devices per axis; -1 = the rest;
   #   context: each row's tokens split over that many devices (docs/scale.md)
+  c.lora = dict(rank=0,               # LoRA adapters of this rank; 0 = full-weight training
+                alpha=32.0,           # adapter output scale alpha / rank
+                targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")  # PEFT names
   c.checkpoint = dict(every_steps=0, keep=2, async_save=True, export_hf=True)
   c.log = dict(tensorboard=True, progress=True,
                reflection_phrases="",  # comma-separated re-check phrases; "" = tracker off

@@ -15,6 +15,9 @@ EXPECTED: the paper reports AIME-24 avg@32 = 50 (verl's reproduction: 52) after 
   tokens. Not run here: this machine has no accelerator and no network for the checkpoint.
   Settings follow ../shared/PAPER.md. Fit and cost on a TPU slice, checked on CPU:
   python -m dapo_jax.aot --config=configs/dapo_qwen25_32b.py --topology=v5p-128 (docs/scale.md)
+LoRA (`:lora=True`): rank-32 adapters on every projection (alpha 32), the base frozen in bf16, at
+  10x the learning rate (1e-5); its slices are LORA_SLICES (`:lora=True,tpu=v5p-8`), e.g.
+  python -m dapo_jax.aot --config=configs/dapo_qwen25_32b.py:lora=True,tpu=v5p-8 --topology=v5p-8
 """
 from configs.base import base_config, parse_arg
 
@@ -22,7 +25,7 @@ from configs.base import base_config, parse_arg
 def get_config(arg=None):
   # Paper Fig. 1 counts ~6,000 gradient updates = 375 rollout steps of 16 (docs/scale.md;
   # https://github.com/volcengine/verl/issues/795, https://github.com/volcengine/verl/issues/1643).
-  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375, tpu="v5p-128")
+  opts = parse_arg(arg, hf_path="/ckpt/Qwen2.5-32B", steps=375, tpu="v5p-128", lora=False)
   c = base_config()
   c.model.source = "hf"                 # Qwen2.5-32B base: an HF checkpoint directory or gs:// URL
   c.model.hf_path = opts["hf_path"]
@@ -78,7 +81,11 @@ def get_config(arg=None):
   c.checkpoint.every_steps = 10         # rollout steps
   c.checkpoint.keep = 3
   c.distributed.enabled = True          # TPU pod: coordinator found from the environment
-  _fit_slice(c, opts["tpu"])
+  if opts["lora"]:
+    c.lora.update(rank=32, alpha=32.0)  # every projection (configs/base.py's targets)
+    c.model.param_dtype = "bfloat16"    # the frozen base (the adapters are float32)
+    c.optim.lr = 1e-5                   # 10x the full-weight recipe's (not tuned)
+  _fit_slice(c, opts["tpu"], LORA_SLICES if opts["lora"] else SLICES)
   return c
 
 
@@ -100,9 +107,19 @@ SLICES = {
 }
 
 
-def _fit_slice(c, tpu: str):
-  if tpu not in SLICES:
-    raise ValueError(f"config arg tpu: {tpu!r} has no fitted settings; known: {sorted(SLICES)}")
-  for path, value in SLICES[tpu].items():
+# The LoRA recipe's slices (`:lora=True,tpu=...`), by compilation likewise.
+LORA_SLICES = {
+    "v5p-128": {},
+    # One host, 4 chips: fsdp 1 x tensor 4, one row per micro-batch (the one batch shard), int8
+    # sampler weights, a 16 GiB KV pool per chip (262,144 tokens).
+    "v5p-8": {"train.micro_batch_size": 1, "rollout.weight_dtype": "int8",
+              "rollout.kv_cache_gib": 16.0, "distributed.enabled": False},
+}
+
+
+def _fit_slice(c, tpu: str, slices: dict):
+  if tpu not in slices:
+    raise ValueError(f"config arg tpu: {tpu!r} has no fitted settings; known: {sorted(slices)}")
+  for path, value in slices[tpu].items():
     section, field = path.split(".")
     c[section][field] = value

@@ -97,6 +97,8 @@ EPS_PILOT = {               # the eps_pilot sweep: settings where the upper clip
     "mb16_lr4e-04": {"train.num_minibatches": 16, "optim.lr": 4e-4}}
 EPS_PILOT_ARMS = (0.20, 0.28)   # eps_high; eps_low stays 0.2 (0.20 = no Clip-Higher)
 EPS_PILOT_SEEDS = (0, 1, 2)
+LORA_RANKS = (1, 8, 32)     # the lora_ranks sweep's adapter ranks (its full-weight arm: dapo_s*)
+LORA_LR_FACTOR = 10         # x the rung's learning rate for adapters (LoRA's usual ratio)
 REGISTRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "experiments", "preregistration")  # <campaign>.json: sweeps too
 STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
@@ -205,7 +207,10 @@ def get_sweep(arg=None):
   overrides. staleness: the DAPO rung with each STALENESS as
   rollout.max_staleness (`staleness_overrides`) x SWEEP_SEEDS. int8_rollout: the DAPO rung with
   each INT8_ARMS x SWEEP_SEEDS. eps_pilot: the DAPO rung with each EPS_PILOT setting x
-  EPS_PILOT_ARMS (eps_high) x EPS_PILOT_SEEDS, seed-major (an exploratory pilot grid). Several names may be joined
+  EPS_PILOT_ARMS (eps_high) x EPS_PILOT_SEEDS, seed-major (an exploratory pilot grid).
+  lora_ranks: the DAPO rung with LoRA adapters of each LORA_RANKS at LORA_LR_FACTOR x its
+  learning rate x SWEEP_SEEDS, seed-major (exploratory; the ladder's dapo_s* are its full-weight
+  arm). Several names may be joined
   with ','.
   """
   names = (arg or "ladder").split(",")
@@ -240,6 +245,10 @@ def get_sweep(arg=None):
       runs += [{"name": f"{st}_eps{e:.2f}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {**o, "algo.eps_high": e}}
                for s in EPS_PILOT_SEEDS for st, o in EPS_PILOT.items() for e in EPS_PILOT_ARMS]
+    elif name == "lora_ranks":  # exploratory: LoRA adapters of each rank vs the dapo_s* runs
+      runs += [{"name": f"lora_r{r}_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {"lora.rank": r, "optim.lr": LORA_LR_FACTOR * base.optim.lr}}
+               for s in SWEEP_SEEDS for r in LORA_RANKS]
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
@@ -262,7 +271,7 @@ def get_sweep(arg=None):
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
                        "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, int8_rollout, "
-                       "eps_pilot, or "
+                       "eps_pilot, lora_ranks, or "
                        "a campaign "
                        f"registered under {REGISTRATIONS}")
   return runs

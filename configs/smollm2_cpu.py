@@ -17,13 +17,18 @@ EXPECTED: the import takes ~25 s. Measured here (idle 2-core CPU, 2026-12-01; lo
   Smoke test (1 step, 2 prompts x G = 4, 4 eval problems x 2; a few minutes):
   python -m dapo_jax.main --config=configs/smollm2_cpu.py:runlocal=True --workdir=runs/smollm2_smoke
 
-Options (`:key=value,...`): runlocal, difficulty (changes to the count per problem), hf_path.
+LoRA variant (`:lora=True`): rank-16 adapters on every projection (alpha 32), the base frozen,
+  at 10x the learning rate (2e-4; LoRA's usual ratio to full fine-tuning, not tuned here):
+  python -m dapo_jax.main --config=configs/smollm2_cpu.py:lora=True --workdir=runs/smollm2_lora
+
+Options (`:key=value,...`): runlocal, difficulty (changes to the count per problem), hf_path,
+lora.
 """
 from configs.base import base_config, parse_arg
 
 
 def get_config(arg=None):
-  opts = parse_arg(arg, runlocal=False, difficulty=1, hf_path="runs/smollm2_135m_hf")
+  opts = parse_arg(arg, runlocal=False, difficulty=1, hf_path="runs/smollm2_135m_hf", lora=False)
   c = base_config()
   c.model.source = "hf"                # the GGUF import's output (COMMAND above)
   c.model.hf_path = opts["hf_path"]
@@ -54,6 +59,9 @@ def get_config(arg=None):
   c.eval.temperature = 0.5             # as the rollouts (the base rate table uses these)
   c.eval.top_p = 1.0
   c.checkpoint.export_hf = True
+  if opts["lora"]:
+    c.lora.update(rank=16, alpha=32.0)  # every projection (configs/base.py's targets)
+    c.optim.lr = 2e-4                   # 10x the full-weight run's
   if opts["runlocal"]:
     _runlocal(c)
   return c

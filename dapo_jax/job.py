@@ -3,11 +3,10 @@ the export, results.json and the report. `dapo_jax.main` is its command line."""
 import json
 
 import jax
-from flax import nnx
 from safetensors import SafetensorError
 
 from dapo_jax import quiet, refusals
-from dapo_jax.models import hf_io
+from dapo_jax.models import hf_io, lora, lora_export
 from dapo_jax.workdir import paths, run_config, run_state
 
 
@@ -55,8 +54,11 @@ def export(run, out: str) -> None:
   Refusal naming `out` (the run's last checkpoint is intact, so --resume exports again)."""
   try:
     # Every process takes part (the params are gathered across hosts); process 0 writes.
-    hf_io.save_pretrained(nnx.merge(run.model.graphdef, run.loop.state.params), run.model.model_config, out,
-                          overwrite=True)
+    policy = lora.merge(run.model.graphdef, lora.join(run.loop.state.params, run.model.frozen))
+    if run.model.frozen is not None:  # LoRA: the adapters in PEFT's format, then merged
+      lora_export.write_adapter(policy, run.cfg.lora, run.model.base.path, f"{out}/adapter")
+      policy = lora.merged_model(policy)
+    hf_io.save_pretrained(policy, run.model.model_config, out, overwrite=True)
     if jax.process_index() == 0:
       with paths.staged_dir(out) as local:
         run.task.tokenizer.save_pretrained(local)

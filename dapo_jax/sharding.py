@@ -37,6 +37,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("layers", None),
     ("norm", None),
     ("cache_seq", None),
+    ("lora_rank", None),  # LoRA factors' rank dimension (models/lora.py)
 )
 
 

@@ -110,3 +110,17 @@ def test_paper_schedule_base_and_the_campaign_sweeps():
 
 
 # ---- architecture fields with model.source="hf" ----------------------------------------------
+
+
+def test_lora_ranks_sweep_runs_each_rank_at_the_adapter_learning_rate():
+  ladder = importlib.import_module("configs.ladder")
+  runs = ladder.get_sweep("lora_ranks")
+  assert [r["name"] for r in runs[:3]] == [f"lora_r{r}_s0" for r in ladder.LORA_RANKS]
+  assert len(runs) == len(ladder.LORA_RANKS) * len(ladder.SWEEP_SEEDS)
+  lr = ladder.get_config("rung=dapo").optim.lr
+  assert {r["overrides"]["optim.lr"] for r in runs} == {ladder.LORA_LR_FACTOR * lr}
+  c = ladder.get_config(runs[-1]["arg"])
+  for path, v in runs[-1]["overrides"].items():
+    section, key = path.split(".")
+    c[section][key] = v
+  assert config_lib.parse(c).lora.rank == ladder.LORA_RANKS[-1]  # the arm validates

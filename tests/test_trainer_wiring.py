@@ -126,7 +126,7 @@ def test_rollout_step_syncs_the_trained_weights_into_the_sampler(tmp_path, monke
   real_update = trainer.update
 
   def update(run, *args):
-    held.append(run.sampler.engine._params)  # pylint: disable=protected-access
+    held.append(run.sampler.engine._weights._synced)  # pylint: disable=protected-access
     with pytest.raises(RuntimeError, match="released for the update"):
       run.sampler.engine.params  # pylint: disable=pointless-statement
     return real_update(run, *args)

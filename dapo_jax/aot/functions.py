@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax import sharding
 from dapo_jax.aot import shapes, topology
-from dapo_jax.models import quant
+from dapo_jax.models import lora, quant
 from dapo_jax.config import Config
 from dapo_jax.rollout import budget, device_fns, sampling, state as rstate, transfer
 from dapo_jax.train import logprob_pass, placement, setup
@@ -38,7 +38,11 @@ class Job:
 
 # Which role's chips hold each long-lived buffer.
 BUFFER_SIDE = {"train_state": "trainer", "opt_state": "trainer", "ref_params": "trainer",
-               "sampler_params": "sampler", "decode_state": "sampler", "prefix": "sampler"}
+               "frozen_params": "trainer", "sampler_params": "sampler",
+               "sampler_base": "sampler", "decode_state": "sampler", "prefix": "sampler"}
+# LoRA (config.lora.rank > 0): train_state holds the adapters and their optimizer state,
+# frozen_params the trainer's frozen base; sampler_params the sampler's adapters (what a sync
+# replaces, and what the colocated update frees), sampler_base its own copy of the base.
 
 
 @dataclasses.dataclass
@@ -57,8 +61,9 @@ def _rows(cfg: Config) -> int:
 def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
   """train_step (one mini-batch update) and the log-prob pass, as the trainer jits them: the
   same jit (train_step.jit_train_step) on the same abstract MiniBatch prepare builds."""
-  model = shapes.abstract_model(mcfg, mesh)
+  model = shapes.abstract_model(mcfg, mesh, lora_cfg=cfg.lora)
   optimizer, init, state = shapes.train_state(cfg, model, mesh)
+  frozen = () if model.frozen is None else (model.frozen,)  # LoRA: the base, read-only
   dsh = sharding.data_sharding(mesh)
   rows, t = _rows(cfg), cfg.seq_len
 
@@ -70,19 +75,24 @@ def trainer_jobs(cfg: Config, mcfg, mesh) -> tuple[list, dict, object]:
   replay = (arr(rows, jnp.int16, t, *moe_shape),) if cfg.model.routing_replay else ()
   step = train_step_lib.jit_train_step(cfg, graphdef=model.graphdef, optimizer=optimizer,
                                        mesh=mesh,
-                                       state_shardings=jax.tree.map(lambda x: x.sharding, state))
+                                       state_shardings=jax.tree.map(lambda x: x.sharding, state),
+                                       frozen_shardings=model.frozen_shardings)
   logp = jax.jit(functools.partial(logprob_pass.logprob_fn, graphdef=model.graphdef, mesh=mesh,
                                    temperature=cfg.rollout.temperature, with_entropy=True))
   # The sampler's weights sit beside the update unless the loop frees them for it.
-  sampler = () if placement.frees_sampler_weights(cfg) else ("sampler_params",)
-  jobs = [Job("init_train_state", init, (model.params,), ()),
-          Job("train_step", step, (state, minibatch), (*sampler, "ref_params")),
+  # (Under LoRA only its adapters are freed: its copy of the base stays.)
+  sampler = ("sampler_base",) + (() if placement.frees_sampler_weights(cfg)
+                                 else ("sampler_params",))
+  policy = lora.join(model.params, model.frozen)
+  jobs = [Job("init_train_state", init, (model.params,), ("frozen_params",)),
+          Job("train_step", step, (state, minibatch, *frozen), (*sampler, "ref_params")),
           Job("old_logprobs", logp,
-              (model.params, *(arr(rows, jnp.int32, t) for _ in range(3)), *replay),
+              (policy, *(arr(rows, jnp.int32, t) for _ in range(3)), *replay),
               ("opt_state", *sampler, "ref_params"))]
   buffers = {"train_state": shapes.bytes_per_chip(state),
              "opt_state": shapes.bytes_per_chip(state.opt_state),
-             "ref_params": shapes.bytes_per_chip(model.params) if cfg.algo.kl_coef > 0 else 0}
+             "ref_params": shapes.bytes_per_chip(model.params) if cfg.algo.kl_coef > 0 else 0,
+             "frozen_params": shapes.bytes_per_chip(frozen)}
   return jobs, buffers, model
 
 
@@ -125,7 +135,8 @@ def _decode_state(cfg: Config, sm, smesh, slots: int, cache: dict, host):
   init = functools.partial(device_fns.init_state, sm.graphdef, slots, cfg.seq_len, c.vocab_size,
                            num_pages=cache["num_pages"],
                            page_size=cfg.rollout.page_size if pg else 0)
-  return shapes.sds(jax.eval_shape(init, sm.params, {}, key, *scal, eos), state_sh), state_sh
+  rest = {} if sm.frozen is None else sm.frozen
+  return shapes.sds(jax.eval_shape(init, sm.params, rest, key, *scal, eos), state_sh), state_sh
 
 
 def _sampler_slots(cfg: Config, mcfg, smesh, hosts: int) -> int:
@@ -144,11 +155,16 @@ def weight_dtype(cfg: Config, mcfg) -> str:
 
 def sampler_model(cfg: Config, mcfg, smesh) -> shapes.Model:
   """The sampler's abstract model as the Engine holds it: params in rollout.weight_dtype
-  (int8: the projections as quant.Int8Weight, models/quant.py)."""
+  (int8: the projections as quant.Int8Weight, models/quant.py); under LoRA the adapters in the
+  compute dtype and the frozen base so (rollout/engine_weights.py)."""
   w = weight_dtype(cfg, mcfg)
-  sm = shapes.abstract_model(mcfg, smesh, dtype=quant.storage_dtype(w, mcfg.dtype))
+  sm = shapes.abstract_model(mcfg, smesh, dtype=quant.storage_dtype(w, mcfg.dtype),
+                             lora_cfg=cfg.lora, adapter_dtype=mcfg.dtype)
   if w != "int8":
     return sm
+  if sm.frozen is not None:
+    return dataclasses.replace(sm, frozen=quant.abstract_quantized(sm.frozen,
+                                                                   sm.frozen_shardings))
   return dataclasses.replace(sm, params=quant.abstract_quantized(sm.params, sm.shardings))
 
 
@@ -157,7 +173,8 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
   rollout = cfg.rollout
   slots = _sampler_slots(cfg, mcfg, smesh, hosts)
   sm = sampler_model(cfg, mcfg, smesh)
-  g, c, rest, record = sm.graphdef, mcfg, {}, cfg.model.routing_replay  # record: the experts
+  rest = {} if sm.frozen is None else sm.frozen  # LoRA: the base the engine holds
+  g, c, record = sm.graphdef, mcfg, cfg.model.routing_replay  # record: the experts
   cache = _sampler_cache(cfg, mcfg, smesh, slots)
   pg, np_batch = cache["spec"], math.ceil(slots / rollout.group_size)  # make_sampler's default
   prefix_sh = rstate.prefix_shardings(
@@ -180,25 +197,31 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
                                     per_layer=device_fns.per_layer_decode(smesh), paged=pg,
                                     record_experts=record),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
-  jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks),
-              ("train_state", "decode_state")),
-          Job("sampler_insert", insert, (prefix, st, *ids), ("train_state", "sampler_params")),
+  trainer = ("train_state", "frozen_params")
+  jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks), (*trainer, "decode_state")),
+          Job("sampler_insert", insert, (prefix, st, *ids),
+              (*trainer, "sampler_params", "sampler_base")),
           Job("sampler_generate_chunk", chunk,
-              (sm.params, rest, st, host((), jnp.bool_), *chunk_args), ("train_state", "prefix"))]
+              (sm.params, rest, st, host((), jnp.bool_), *chunk_args), (*trainer, "prefix"))]
   buffers = {"sampler_params": shapes.bytes_per_chip(sm.params),
+             "sampler_base": shapes.bytes_per_chip(rest),
              "decode_state": shapes.bytes_per_chip(st), "prefix": shapes.bytes_per_chip(prefix)}
   info = dict(paged_kv=bool(pg), page_size=rollout.page_size,
               pool_pages_per_host=cache["num_pages"], sampler_weight_dtype=weight_dtype(cfg, mcfg),
-              sampler_weight_bytes_per_chip=buffers["sampler_params"])
+              sampler_weight_bytes_per_chip=buffers["sampler_params"] + buffers["sampler_base"])
   return jobs, buffers, slots, info
 
 
-def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto") -> Job:
+def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto",
+                 lora_cfg=None) -> Job:
   """Trainer params -> the sampler's dtype and layout on the global sampler mesh (the
   device-to-device all-gather of engine.load_params; each host then keeps its own shards).
   Split placement (`trainer_mesh` given): the all-gather into the sampler's tensor layout on
-  the trainer's chips, from which each host's sampler chips copy their shards."""
-  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype).shardings
+  the trainer's chips, from which each host's sampler chips copy their shards. LoRA
+  (`lora_cfg.rank` > 0): `model.params` are the adapters, and they alone move."""
+  target = shapes.abstract_model(mcfg, gmesh, dtype=mcfg.dtype, lora_cfg=lora_cfg).shardings
+  if lora_cfg is not None and lora_cfg.rank:  # the adapters alone, compute dtype, never int8
+    wdtype = "auto"
   if trainer_mesh is not None:
     target = jax.tree.map(lambda s: NamedSharding(trainer_mesh, transfer.tensor_only(s.spec)),
                           target)
@@ -207,7 +230,8 @@ def transfer_job(mcfg, model, gmesh, trainer_mesh=None, wdtype: str = "auto") ->
   if wdtype == "int8":  # quantised on the sampler's chips, in the same pass
     target, cast = quant.quantized_shardings(target), lambda p, c=cast: quant.quantize_tree(c(p))
   fn = jax.jit(cast, out_shardings=target)
-  return Job("weight_transfer", fn, (model.params,), ("opt_state",))  # the old copy is freed
+  return Job("weight_transfer", fn, (model.params,),  # the old copy is freed
+             ("opt_state", "frozen_params", "sampler_base"))
 
 
 def host_devices(devices, hosts: int, host_slice=None) -> list:
@@ -236,10 +260,10 @@ def build_plan(cfg: Config, devices, *, hosts: int, host_slice=None) -> Plan:
   gmesh = placement.build_sampler_mesh(cfg, list(placed.sampler))
   smesh = placement.build_sampler_mesh(cfg, host_devices(list(placed.sampler), hosts,
                                                        host_slice))
-  tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)
+  tjobs, tbuf, model = trainer_jobs(cfg, mcfg, mesh)  # LoRA: model.params are the adapters
   sjobs, sbuf, slots, sinfo = sampler_jobs(cfg, mcfg, smesh, hosts)
   jobs = tjobs + sjobs + [transfer_job(mcfg, model, gmesh, mesh if placed.split else None,
-                                       cfg.rollout.weight_dtype)]
+                                       cfg.rollout.weight_dtype, cfg.lora)]
   if placed.split:  # each role's chips hold only its own buffers
     for job in jobs:
       job.resident = tuple(b for b in job.resident if BUFFER_SIDE[b] == job.side)

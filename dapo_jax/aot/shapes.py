@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax import sharding
 from dapo_jax.config import Config
-from dapo_jax.models import hf_io
+from dapo_jax.models import hf_io, lora
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.qwen2 import Qwen2
 from dapo_jax.train import setup
@@ -71,21 +71,44 @@ def sds(tree, shardings):
 
 @dataclasses.dataclass
 class Model:
-  """An abstract model on a mesh: graphdef, Param SDS and their shardings."""
+  """An abstract model on a mesh: graphdef, the trained params' SDS and their shardings, and
+  under LoRA the frozen base's (the params are then the adapters: models/lora.py)."""
   cfg: ModelConfig
   graphdef: object
   params: object            # nnx.State of ShapeDtypeStruct (with sharding)
   shardings: object
+  frozen: object = None     # LoRA: the base's nnx.State of ShapeDtypeStruct, else None
+  frozen_shardings: object = None
 
 
-def abstract_model(mcfg: ModelConfig, mesh, dtype=None) -> Model:
-  """Params as the trainer holds them (param_dtype), or cast to `dtype` (the sampler's)."""
-  abstract = nnx.eval_shape(lambda: Qwen2(mcfg, rngs=nnx.Rngs(0)))
-  graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
-  shard = nnx.filter_state(sharding.model_shardings(abstract, mesh), nnx.Param)
-  if dtype is not None:
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), params)
-  return Model(cfg=mcfg, graphdef=graphdef, params=sds(params, shard), shardings=shard)
+def _cast(tree, dtype):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), tree)
+
+
+def abstract_model(mcfg: ModelConfig, mesh, dtype=None, lora_cfg=None,
+                   adapter_dtype=None) -> Model:
+  """Params as the trainer holds them (param_dtype), or cast to `dtype` (the sampler's). With
+  lora_cfg.rank > 0: the adapters (float32, or `adapter_dtype`) train and the base is frozen
+  (in param_dtype, or `dtype`)."""
+  def build():
+    model = Qwen2(mcfg, rngs=nnx.Rngs(0))
+    if lora_cfg is not None and lora_cfg.rank:
+      lora.attach(model, rank=lora_cfg.rank, alpha=lora_cfg.alpha, targets=lora_cfg.targets,
+                  seed=0)
+    return model
+  abstract = nnx.eval_shape(build)
+  every = sharding.model_shardings(abstract, mesh)
+  if not lora.has_adapters(abstract):
+    graphdef, params, _ = nnx.split(abstract, nnx.Param, ...)
+    shard = nnx.filter_state(every, nnx.Param)
+    params = params if dtype is None else _cast(params, dtype)
+    return Model(cfg=mcfg, graphdef=graphdef, params=sds(params, shard), shardings=shard)
+  graphdef, params, frozen = nnx.split(abstract, lora.LoraParam, ...)
+  shard, fshard = nnx.split_state(every, lora.LoraParam, ...)
+  params = params if adapter_dtype is None else _cast(params, adapter_dtype)
+  frozen = frozen if dtype is None else _cast(frozen, dtype)
+  return Model(cfg=mcfg, graphdef=graphdef, params=sds(params, shard), shardings=shard,
+               frozen=sds(frozen, fshard), frozen_shardings=fshard)
 
 
 def train_state(cfg: Config, model: Model, mesh):

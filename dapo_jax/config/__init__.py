@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from dapo_jax.config import checks
 from dapo_jax.config.sections import (  # noqa: F401  (re-exported: config.Config etc.)
-    AlgoCfg, CheckpointCfg, Config, DistributedCfg, EvalCfg, LogCfg, MeshCfg, ModelCfg,
+    AlgoCfg, CheckpointCfg, Config, DistributedCfg, EvalCfg, LogCfg, LoraCfg, MeshCfg, ModelCfg,
     ModeParams, OptimCfg, RolloutCfg, TaskCfg, TrainCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
 

@@ -5,6 +5,7 @@ before anything imports a model or starts JAX's backends.
 """
 import dataclasses
 
+from dapo_jax.config.lora_checks import validate_lora
 from dapo_jax.config.sections import (ARCH_FIELDS, AlgoCfg, Config, EvalCfg, LogCfg, ModelCfg,
                                       OptimCfg, RolloutCfg, TaskCfg, WarmStartCfg)
 from dapo_jax.core import losses as core_losses
@@ -241,6 +242,7 @@ def _validate_infra(c: "Config"):
   _require([c.mesh.data, c.mesh.fsdp, c.mesh.tensor].count(-1) <= 1, "mesh",
            "at most one axis may be -1")
   _validate_context(c)
+  validate_lora(c)
   _positive("checkpoint", c.checkpoint, "keep")
   _validate_log(c.log)
   _positive("checkpoint", c.checkpoint, "every_steps", allow_zero=True)

@@ -218,6 +218,13 @@ class MeshCfg:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraCfg:
+  rank: int                   # adapter rank r; 0 = full-weight training (no adapters)
+  alpha: float                # the adapters' output is scaled by alpha / rank
+  targets: str                # comma-separated PEFT module names (models/lora.py: TARGETS)
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointCfg:
   every_steps: int            # rollout steps; 0 = only at the end
   keep: int                   # most recent checkpoints kept
@@ -257,6 +264,7 @@ class Config:
   optim: OptimCfg
   eval: EvalCfg
   mesh: MeshCfg
+  lora: LoraCfg
   checkpoint: CheckpointCfg
   log: LogCfg
   distributed: DistributedCfg

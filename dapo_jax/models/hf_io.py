@@ -124,7 +124,7 @@ def _load_one(spec, sds, sharding, read, has):
 
 
 # ----- writing ------------------------------------------------------------------------------
-def _host(x) -> np.ndarray:
+def to_host(x) -> np.ndarray:
   """The whole array on the host (gathered across processes when multi-host)."""
   if jax.process_count() > 1 and not x.is_fully_addressable:
     from jax.experimental import multihost_utils
@@ -156,7 +156,7 @@ def _export_items(model: Qwen2, cfg: ModelConfig) -> list:
     arr = flat[spec.path].get_value()
     for name, index, to_hf in spec.export_parts(tuple(arr.shape)):
       nbytes = arr.nbytes // int(np.prod(arr.shape[:len(index)], dtype=np.int64))
-      items.append((name, lambda a=arr, i=index, f=to_hf: f(_host(a[i] if i else a)), nbytes))
+      items.append((name, lambda a=arr, i=index, f=to_hf: f(to_host(a[i] if i else a)), nbytes))
   return items
 
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dapo_jax.models import moe, quant
+from dapo_jax.models import lora, moe, quant
 from dapo_jax.models.config import ModelConfig
 
 # Finite, so a query row with no visible key (left padding) gives a uniform junk row, not NaN.
@@ -149,8 +149,13 @@ def dense(x, w, *, in_dims: int = 1, out_dtype=None):
   [B, T, F] activation gradient out again with a transposing copy before each weight-gradient
   dot (a third of the tiny model's update time); the 2-D form needs no copy. Same values.
   out_dtype: the matmul's accumulation / result type (default x's). w may be a
-  `quant.Int8Weight` (int8 sampler weights): (x @ q) * scale per output channel.
+  `quant.Int8Weight` (int8 sampler weights): (x @ q) * scale per output channel, or a
+  `lora.LoraWeight`: x @ w + ((x @ A) @ B) * scale.
   """
+  if isinstance(w, lora.LoraWeight):
+    y = dense(x, w.w, in_dims=in_dims, out_dtype=out_dtype)
+    low = dense(dense(x, w.a, in_dims=in_dims), w.b, out_dtype=out_dtype)
+    return y + (low * w.scale).astype(y.dtype)
   lead, k = x.shape[:x.ndim - in_dims], math.prod(x.shape[x.ndim - in_dims:])
   if isinstance(w, quant.Int8Weight):
     return quant.dense_int8(x.reshape(-1, k), w, k, out_dtype).reshape(*lead, *w.shape[in_dims:])

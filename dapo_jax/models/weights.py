@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models import lora
 from dapo_jax.models.config import ModelConfig
 
 _DENSE_MLP = ("w_gate", "w_up", "w_down")
@@ -75,7 +76,9 @@ class Layers(nnx.Module):
     self._kinds = (cfg.dense_layers, cfg.moe_layers)
 
   def _stacks(self) -> dict:
-    return {name: v.get_value() for name, v in vars(self).items() if isinstance(v, nnx.Param)}
+    """The stacked weights by name; adapted ones as `lora.LoraWeight` (models/lora.py)."""
+    return lora.wrap({name: v.get_value() for name, v in vars(self).items()
+                      if isinstance(v, nnx.Param)}, self)
 
   def arrays(self) -> dict:
     """The stacked weights as a dict of arrays (the `xs` of the layer scan): one kind of

@@ -14,14 +14,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jetstream.engine import engine_api
 from jetstream.engine import tokenizer_pb2
 
 from dapo_jax import sharding as sharding_lib
 from dapo_jax.models import quant
 from dapo_jax.rollout import device_fns, sampling, state as state_lib, tokenizer as tokenizer_lib
-from dapo_jax.rollout import transfer
+from dapo_jax.rollout import engine_weights
 from dapo_jax.rollout.state import DecodeState, Prefix
 
 
@@ -29,7 +28,8 @@ class Engine(engine_api.Engine):
   """Decode slots over a Qwen2 policy (see the module docstring).
 
   model: a dapo_jax Qwen2 (nnx) with prefill / decode_step / init_cache; only its nnx.Param
-    state is treated as params (weight sync replaces it), the rest is kept as built.
+    state is treated as params (weight sync replaces it), the rest is kept as built; with LoRA
+    adapters (models/lora.py) only the adapters are (engine_weights.py).
   num_slots: concurrent samples (decode batch). max_prompt_len: prefill length (prompts are
     right-padded to it). max_len: cache length, prompt + response.
   mesh: mesh with axes among (data, fsdp, tensor); None = the first device.
@@ -82,21 +82,8 @@ class Engine(engine_api.Engine):
                                         impl=paged_impl) if paged_kv else None
     self._num_pages = self._paged and device_fns.pool_pages(
         mesh, self._paged, slots=self._num_slots, num_pages=num_pages)
-    self._compile(self._hold_weights(model, mesh))
-
-  def _hold_weights(self, model, mesh):
-    """The engine's own copy of the weights on `mesh` -> the model's graphdef. Kept in the
-    compute dtype (the model casts to it anyway) unless weight_dtype says otherwise; a trainer
-    that donates its own buffers can never delete the sampler's."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    self._graphdef = graphdef
-    self._param_shardings = transfer.param_shardings(model, mesh)
-    self._dtype = quant.storage_dtype(self.weight_dtype, model.cfg.dtype)
-    self._like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    self._params = self._placed(params)
-    self._rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
-                                may_alias=False)
-    return graphdef
+    self._weights = engine_weights.EngineWeights(model, mesh, weight_dtype)
+    self._compile(self._weights.graphdef)
 
   def _compile(self, g):
     """The engine's jitted functions, with the cache and decode state laid out on its mesh."""
@@ -134,40 +121,32 @@ class Engine(engine_api.Engine):
 
   @property
   def params(self):
-    if self._params is None:
-      raise RuntimeError("the sampler's weights were released for the update "
-                         "(Engine.release_params); the weight sync (load_params) puts them back")
-    return self._params
+    """The synced weights (the adapters alone for a LoRA policy: engine_weights.py)."""
+    return self._weights.synced
+
+  @property
+  def _rest(self):
+    return self._weights.rest
 
   def release_params(self) -> None:
-    """Deletes the engine's weights (the colocated update's chips get their HBM back; the
-    weight sync that follows the update refills them: `load_params`)."""
-    old, self._params = self._params, None
-    if old is not None:
-      jax.tree.map(lambda x: x.delete(), old)
+    """Deletes the engine's synced weights (the colocated update's chips get their HBM back;
+    the weight sync that follows the update refills them: `load_params`)."""
+    self._weights.release()
 
   def load_params(self, params=None, *, free_old: bool = False):
-    """Returns the engine's params; given `params` (the trainer's nnx.Param state or a pure
-    dict of the same tree, on any mesh, spanning any processes), checks them against the
-    engine's and moves them device-to-device onto this engine's mesh in its dtype
-    (`transfer_params`). Shapes and shardings never change, so nothing recompiles.
-    free_old: delete the previous copy first, so the transfer's peak holds one sampler copy
-    (only when nothing else holds it: the sampler's weight sync)."""
+    """Returns the engine's params; given `params` (the trainer's synced state: its nnx.Param
+    state, or its adapters under LoRA, or a pure dict of the same tree, on any mesh, spanning
+    any processes), checks them against the engine's and moves them device-to-device onto
+    this engine's mesh in its dtype (`transfer_params`). Shapes and shardings never change, so
+    nothing recompiles. free_old: delete the previous copy first, so the transfer's peak holds
+    one sampler copy (only when nothing else holds it: the sampler's weight sync)."""
     if params is None:
       return self.params
-    matched = transfer.match_tree(params, self._like)
-    if free_old:
-      self.release_params()
-    self._params = self._placed(matched)
-    return self._params
+    return self._weights.load(params, free_old=free_old)
 
-  def _placed(self, params):
-    """`params` on the engine's mesh in its weight dtype (int8: quantised there, the
-    compute-dtype copy dropped)."""
-    placed = transfer.transfer_params(params, self._param_shardings, self._dtype)
-    if self.weight_dtype != "int8":
-      return placed
-    return quant.quantize_params(placed, self._param_shardings)  # `placed` is freed on return
+  def sync_bytes(self) -> int:
+    """Bytes one weight sync moves onto this engine."""
+    return self._weights.sync_bytes()
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> Prefix:
     """Prefix (Np = 1) of one right-padded prompt; the first response token is drawn from it."""

@@ -218,6 +218,10 @@ class Checkpointer:
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
     return out["state"], out["meta"]
 
+  def meta(self, step: int) -> dict:
+    """The JSON metadata of `step` alone (what a run checks before restoring its arrays)."""
+    return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
   def restore_latest(self, abstract_state):
     """(step, state, meta) of the newest intact checkpoint; None when there is no step at all.
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from dapo_jax.config import Config
 from dapo_jax.core import losses, offpolicy, stats
 from dapo_jax.core.losses import PolicyLossStats
+from dapo_jax.models import lora
 from dapo_jax.models.qwen2 import routed_token_logprobs
 from dapo_jax.train import packing
 from dapo_jax.train.batch import TokenStats
@@ -90,7 +90,7 @@ def logprobs(graphdef, params, tokens_BxS, attn_mask_BxS, *, temperature: float 
   """Per-token (log-probs, entropies or None, moe.Routing or None) of a batch under `params`
   (rows may be packed: segment ids and per-segment positions, `train/packing.py`);
   expert_ids_BxSxLxK: the experts to route each token by (routing replay; -1 = its own)."""
-  model = nnx.merge(graphdef, params)
+  model = lora.merge(graphdef, params)  # params: a state, or (adapters, frozen base)
   replay = None if expert_ids_BxSxLxK is None else expert_ids_BxSxLxK.transpose(2, 0, 1, 3)
   return routed_token_logprobs(model, tokens_BxS, attn_mask_BxS, temperature=temperature,
                                with_entropy=with_entropy, positions_BxT=positions_BxS,
@@ -261,8 +261,9 @@ def loss_and_grad(params, graphdef, minibatch, cfg: Config, *, key=None, mesh=No
     selected = _select(params, graphdef, mb, rows_k, n_used, cfg, key, mesh)
   whole = _WholeBatch(is_weight_BxS=weight, selected_BxS=selected,
                       num_tokens=jnp.maximum(jnp.sum(mb.attn_mask_BxS > 0), 1))
-  grad_fn = jax.value_and_grad(_objective, has_aux=True)
-  run = lambda i, rows: grad_fn(params, graphdef, mb, whole, rows, i, denominator, cfg, mesh)
+  trainable, frozen = lora.parts(params)  # LoRA: gradients of the adapters only
+  grad_fn = jax.value_and_grad(lambda t, *a: _objective(lora.join(t, frozen), *a), has_aux=True)
+  run = lambda i, rows: grad_fn(trainable, graphdef, mb, whole, rows, i, denominator, cfg, mesh)
   shapes = jax.eval_shape(run, 0, jax.tree.map(lambda x: x[0], rows_k))
   skip = lambda i, rows: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 

@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dapo_jax.core import overlong
-from dapo_jax.train import checkpoint_dirs
+from dapo_jax.train import adapters, checkpoint_dirs
 
 
 def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
@@ -28,11 +28,15 @@ def start(run, ckpt, *, resume: bool) -> tuple[dict, int]:
   if not resume:
     checkpoint_dirs.check_fresh(ckpt.directory)  # never write into an earlier run's files
     return {}, 0
+  newest = ckpt.latest_step()
+  if newest is not None:  # LoRA or not, the same base: checked before any array is read
+    adapters.check_restored(ckpt.meta(newest), run.model.base)
   got = ckpt.restore_latest(run.loop.state)
   if got is None:
     print(f"[resume] no checkpoint in {ckpt.directory}: starting at step 0", flush=True)
     return {}, 0
   _, run.loop.state, meta = got
+  adapters.check_restored(meta, run.model.base)
   run.loop.step, run.loop.bad_steps, run.loop.first_length = meta["step"], meta["bad_steps"], meta["first_length"]
   run.data.restore(meta["data"])
   if run.prefilter is not None:  # the same prompts are skipped as without the restart

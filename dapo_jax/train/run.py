@@ -15,7 +15,8 @@ from dapo_jax.data.pipeline import PromptIterator
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.rollout import budget
 from dapo_jax.rollout.sampler import GroupSampler, PagingTally
-from dapo_jax.train import checkpoint_dirs, placement, setup, sft
+from dapo_jax.models import lora
+from dapo_jax.train import adapters, checkpoint_dirs, placement, setup, sft
 from dapo_jax.train import prefilter as prefilter_lib
 from dapo_jax.train import state as state_lib
 from dapo_jax.train import train_step as train_step_lib
@@ -27,6 +28,8 @@ class ModelParts:
   model_config: ModelConfig
   optimizer: optax.GradientTransformation
   ref_params: nnx.State | None      # the frozen reference policy (algo.kl_coef > 0)
+  frozen: nnx.State | None = None   # LoRA: the base weights the adapters adapt (never updated)
+  base: adapters.BaseRef | None = None  # LoRA: where that base is on disk, its checksum
 
 
 @dataclasses.dataclass
@@ -78,11 +81,15 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   mesh = placement.build_mesh(cfg, placed.trainer) if mesh is None else mesh
   setup.check_batch_fits_mesh(cfg, mesh)
   task = setup.load_task(cfg)
-  model, mcfg = setup.build_model(cfg, mesh, task.tokenizer)
+  model_cfg, reloaded = adapters.build_config(cfg, workdir, setup.resolve_path)
+  model, mcfg = setup.build_model(model_cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)
   has_ckpt = resume and checkpoint_dirs.latest(os.path.join(workdir, "checkpoints")) is not None
-  if cfg.warm_start.steps and not has_ckpt:
+  if cfg.warm_start.steps and not has_ckpt and not reloaded:
     params = _warm_start(cfg, graphdef, params, task, mesh)
+  graphdef, params, frozen, base = adapters.attach(
+      cfg, graphdef, params, mesh, workdir=workdir, resolve=setup.resolve_path,
+      tokenizer=task.tokenizer, model_config=mcfg, reloaded=reloaded)
   optim = cfg.optim
   optimizer = state_lib.make_optimizer(
       lr=optim.lr, warmup_updates=cfg.warmup_updates, weight_decay=optim.weight_decay,
@@ -90,7 +97,7 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state = jax.jit(functools.partial(state_lib.create, optimizer=optimizer),
                   out_shardings=state_lib.shardings(params, optimizer, replicated))(params)
-  sampler = _build_sampler(cfg, nnx.merge(graphdef, params), mcfg, placed)
+  sampler = _build_sampler(cfg, lora.merge(graphdef, lora.join(params, frozen)), mcfg, placed)
   pidx, pcount = setup.process_info()
   data = PromptIterator(task.train, task.tokenizer, batch_size=cfg.prompts_per_round,
                         seed=cfg.seed, max_prompt_len=cfg.task.max_prompt_len,
@@ -98,13 +105,24 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
                         use_chat_template=cfg.task.chat_template)
   ref_params = jax.tree.map(jnp.copy, params) if cfg.algo.kl_coef > 0 else None
   return Run(cfg=cfg, workdir=workdir, mesh=mesh, placement=placed, task=task,
-             model=ModelParts(graphdef, mcfg, optimizer, ref_params), sampler=sampler, data=data,
+             model=ModelParts(graphdef, mcfg, optimizer, ref_params, frozen, base),
+             sampler=sampler, data=data,
              prefilter=prefilter_lib.from_config(cfg.algo, seed=cfg.seed, num_processes=pcount),
              loop=LoopState(state))
 
 
 def jitted_update(run: Run):
-  """The run's `train_step`, jitted once with its state's layout (train_step.jit_train_step)."""
-  return train_step_lib.jit_train_step(
+  """The run's `train_step`, jitted once with its state's layout (train_step.jit_train_step):
+  (state, minibatch) -> (state, metrics, tokens); under LoRA it reads the frozen base too."""
+  frozen = run.model.frozen
+  step = train_step_lib.jit_train_step(
       run.cfg, graphdef=run.model.graphdef, optimizer=run.model.optimizer, mesh=run.mesh,
-      state_shardings=jax.tree.map(lambda x: x.sharding, run.loop.state))
+      state_shardings=jax.tree.map(lambda x: x.sharding, run.loop.state),
+      frozen_shardings=None if frozen is None else jax.tree.map(lambda x: x.sharding, frozen))
+  return step if frozen is None else lambda state, minibatch: step(state, minibatch, frozen)
+
+
+def policy_params(run: Run, params=None):
+  """What the policy's forward reads (`lora.merge`): the loop's params (or `params`: e.g. the
+  reference's), with the frozen base under LoRA."""
+  return lora.join(run.loop.state.params if params is None else params, run.model.frozen)

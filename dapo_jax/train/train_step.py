@@ -14,23 +14,25 @@ import optax
 
 from dapo_jax import sharding
 from dapo_jax.config import Config
+from dapo_jax.models import lora
 from dapo_jax.train import objective
 from dapo_jax.train import state as state_lib
 from dapo_jax.train.batch import MiniBatch, TokenStats
 from dapo_jax.train.state import TrainState
 
 
-def train_step(state: TrainState, minibatch: MiniBatch, *, graphdef, optimizer, cfg: Config,
-               mesh=None) -> tuple[TrainState, dict, TokenStats | None]:
+def train_step(state: TrainState, minibatch: MiniBatch, frozen=None, *, graphdef, optimizer,
+               cfg: Config, mesh=None) -> tuple[TrainState, dict, TokenStats | None]:
   """One optimizer update -> (state, metrics, the on-policy forward's TokenStats or None).
 
   A non-finite loss, gradient, update or new parameter leaves params and optimizer untouched
   (skipped, reported as `skipped` = 1): a corrupt optimizer state can never write NaN weights.
   `lr` is the learning rate this update used (cfg.optim's schedule at the count of applied
-  updates, which the optimizer shares)."""
+  updates, which the optimizer shares). Under LoRA `state.params` are the adapters and `frozen`
+  the base weights they adapt (read, never updated: models/lora.py)."""
   key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), state.updates)
-  loss, grads, aux, tokens = objective.loss_and_grad(state.params, graphdef, minibatch, cfg,
-                                                     key=key, mesh=mesh)
+  loss, grads, aux, tokens = objective.loss_and_grad(lora.join(state.params, frozen), graphdef,
+                                                     minibatch, cfg, key=key, mesh=mesh)
   grad_norm = optax.tree.norm(grads)
   updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
   new_params = jax.tree.map(lambda p, u: p + u.astype(p.dtype), state.params, updates)
@@ -46,13 +48,16 @@ def train_step(state: TrainState, minibatch: MiniBatch, *, graphdef, optimizer, 
   return new_state, metrics, tokens
 
 
-def jit_train_step(cfg: Config, *, graphdef, optimizer, mesh, state_shardings):
+def jit_train_step(cfg: Config, *, graphdef, optimizer, mesh, state_shardings,
+                   frozen_shardings=None):
   """`train_step` jitted with explicit layouts: the state keeps its (fsdp/tensor) sharding and
   is donated, every mini-batch array is split over the batch axes, metrics come back
-  replicated and per-token outputs batch-split."""
+  replicated and per-token outputs batch-split. With `frozen_shardings` (LoRA) it takes the
+  frozen base as a third argument, in those shardings, not donated."""
   dsh = sharding.data_sharding(mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  extra = () if frozen_shardings is None else (frozen_shardings,)
   return jax.jit(functools.partial(train_step, graphdef=graphdef, optimizer=optimizer, cfg=cfg,
                                    mesh=mesh),
-                 in_shardings=(state_shardings, dsh),
+                 in_shardings=(state_shardings, dsh, *extra),
                  out_shardings=(state_shardings, replicated, dsh), donate_argnums=(0,))

@@ -35,7 +35,8 @@ from dapo_jax.train import collector as collector_lib
 from dapo_jax.train import groups as groups_lib, logprob_pass, multihost
 from dapo_jax.train import pipeline as pipeline_lib
 from dapo_jax.train import placement, recovery, rounds
-from dapo_jax.train.run import Run, build, jitted_update  # noqa: F401  (the loop's entry points)
+from dapo_jax.train.run import (  # noqa: F401  (the loop's entry points)
+    Run, build, jitted_update, policy_params)
 from dapo_jax.train.batch import MiniBatch, on_policy_update
 
 
@@ -68,7 +69,7 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
   rows = logprob_pass.with_plans(cfg, rows)
   logp = entropy = None
   if separate_pass or not on_policy_update(cfg):
-    logp, entropy = logprob_pass.batched_logprobs(run, run.loop.state.params, rows,
+    logp, entropy = logprob_pass.batched_logprobs(run, policy_params(run), rows,
                                                   with_entropy=True)
   if algo.old_logp_source == "sampler":
     old = rows.behav_logp_BxS
@@ -76,7 +77,8 @@ def prepare(run: Run, batch: groups_lib.Groups, *, separate_pass: bool = False) 
     old = None if logp is None else logp * resp_mask
   ref = None
   if algo.kl_coef > 0:
-    ref, _ = logprob_pass.batched_logprobs(run, run.model.ref_params, rows, with_entropy=False)
+    ref, _ = logprob_pass.batched_logprobs(run, policy_params(run, run.model.ref_params), rows,
+                                           with_entropy=False)
   behav = rows.behav_logp_BxS
   rows = dataclasses.replace(rows, old_logp_BxS=old, ref_logp_BxS=ref,
                              behav_logp_BxS=behav if algo.corrects_off_policy() else None)
@@ -152,6 +154,8 @@ def _finish(run: Run, batch, prep: Prepared, step_metrics, tokens, summary, time
   if prep.logp_BxS is None:  # on-policy: the one update's forward gave them
     prep = dataclasses.replace(prep, logp_BxS=tokens[0].logp_BxS,
                                entropy_BxS=tokens[0].entropy_BxS)
+  if run.model.frozen is not None:  # LoRA: what a weight sync moves (the adapters alone)
+    summary = dict(summary, weight_sync_bytes=run.sampler.engine.sync_bytes())
   skipped = sum(float(m["skipped"]) for m in step_metrics)
   run.loop.bad_steps = run.loop.bad_steps + 1 if skipped == len(step_metrics) else 0
   return metrics_lib.rollout_metrics(batch, prep, step_metrics, summary, timer,
@@ -164,6 +168,7 @@ def _meta(run: Run, pipe: pipeline_lib.Pipeline | None) -> dict:
           "first_length": run.loop.first_length, "seed": run.cfg.seed,
           "prefilter": run.prefilter.state() if run.prefilter is not None else None,
           "length_history": overlong.history_state(run.loop.length_history),
+          "lora_base": dataclasses.asdict(run.model.base) if run.model.base else None,
           "config": json.loads(json.dumps(dataclasses.asdict(run.cfg)))}
 
 
