@@ -275,3 +275,21 @@ def test_v6e_per_host_sampler_compiles_on_the_hosts_own_grid(tmp_path):
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   assert out["sampler_mesh_per_host"] == {"data": 1, "fsdp": 1, "tensor": 4}
   assert out["functions"][0]["status"] == "compiled"
+
+
+@needs_libtpu
+def test_lora_plan_trains_and_syncs_the_adapters_only(tmp_path):
+  """config.lora.rank > 0: train_step compiles with the frozen base as an argument, the train
+  state and the weight sync hold the adapters alone, and both the trainer's and the sampler's
+  copy of the base are counted as resident buffers."""
+  fns = "--functions=train_step,weight_transfer"
+  got = {r: _aot(tmp_path, "--config=configs/tiny_cpu.py", "--topology=v5e-8", fns, *SMALL,
+                 f"--config.lora.rank={r}") for r in (0, 2)}
+  for p, _ in got.values():
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  full, lo = (got[r][1]["resident_buffers"] for r in (0, 2))
+  assert full["frozen_params"] == full["sampler_base"] == 0
+  assert lo["train_state"] < 0.25 * full["train_state"] and lo["frozen_params"] > 0
+  assert lo["sampler_params"] < 0.25 * full["sampler_params"] < lo["sampler_base"]
+  step = {f["name"]: f for f in got[2][1]["functions"]}["train_step"]
+  assert step["status"] == "compiled" and "sampler_base" in step["resident"]
