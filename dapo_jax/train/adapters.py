@@ -33,12 +33,13 @@ def base_dir(cfg: Config, workdir: str, resolve) -> tuple[str, bool]:
   return os.path.join(workdir, "base"), True
 
 
-def build_config(cfg: Config, workdir: str, resolve) -> tuple[Config, bool]:
-  """(the config the policy is built from, whether that policy is a finished base): a base this
-  run wrote earlier (--resume) is loaded as an HF checkpoint and neither re-initialised nor
-  warm-started again."""
+def build_config(cfg: Config, workdir: str, resolve, *, resume: bool) -> tuple[Config, bool]:
+  """(the config the policy is built from, whether that policy is a finished base): on
+  --resume, a base this run wrote earlier is loaded as an HF checkpoint and neither
+  re-initialised nor warm-started again."""
   path, written = base_dir(cfg, workdir, resolve)
-  if not (cfg.lora.rank and written and os.path.exists(os.path.join(path, "config.json"))):
+  if not (resume and cfg.lora.rank and written
+          and (paths.resolve(path) / "config.json").exists()):  # local or a bucket
     return cfg, False
   model = dataclasses.replace(cfg.model, source="hf", hf_path=path)
   return dataclasses.replace(cfg, model=model), True

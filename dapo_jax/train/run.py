@@ -81,7 +81,7 @@ def build(cfg: Config, workdir: str, *, resume: bool, mesh=None) -> Run:
   mesh = placement.build_mesh(cfg, placed.trainer) if mesh is None else mesh
   setup.check_batch_fits_mesh(cfg, mesh)
   task = setup.load_task(cfg)
-  model_cfg, reloaded = adapters.build_config(cfg, workdir, setup.resolve_path)
+  model_cfg, reloaded = adapters.build_config(cfg, workdir, setup.resolve_path, resume=resume)
   model, mcfg = setup.build_model(model_cfg, mesh, task.tokenizer)
   graphdef, params = nnx.split(model)
   has_ckpt = resume and checkpoint_dirs.latest(os.path.join(workdir, "checkpoints")) is not None
