@@ -1,0 +1,36 @@
+"""The LoRA rank sweep read (dapo_jax.analysis.lora_ranks): arms by rank, paired by seed against
+the full-weight dapo runs, unfinished runs left out."""
+import math
+
+import pytest
+
+from dapo_jax.analysis import ablations, lora_ranks
+
+
+def _run(group, seed, before, after):
+  results = {"before": {"avg@8": before}, "after": {"avg@8": after}} if after is not None else {}
+  return ablations.RunLog(f"{group}_s{seed}", group, seed, [], [], results)
+
+
+def _runs(*items):
+  return {r.name: r for r in items}
+
+
+def test_ranks_are_paired_with_the_full_weight_runs_of_their_seeds():
+  full = _runs(*[_run("dapo", s, 0.4, a) for s, a in enumerate((0.60, 0.62, 0.58, 0.9))],
+               _run("token_level", 0, 0.4, 0.1))
+  lora = _runs(_run("lora_r8", 0, 0.4, 0.50), _run("lora_r8", 1, 0.4, 0.54),
+               _run("lora_r8", 2, 0.4, 0.46), _run("lora_r32", 0, 0.4, 0.45),
+               _run("lora_r32", 1, 0.4, None), _run("eps_x", 0, 0.4, 0.3))
+  rows = lora_ranks.table(lora, full)
+  assert [r["arm"] for r in rows] == ["full", "rank 8", "rank 32"]
+  assert rows[0]["seeds"] == [0, 1, 2]  # seed 3 ran no adapter arm
+  assert rows[0]["avg@8_after"] == pytest.approx(0.60) and rows[0]["gain"] == pytest.approx(0.2)
+  r8 = rows[1]
+  assert r8["minus_full"] == pytest.approx(-0.10) and r8["paired_seeds"] == 3
+  assert r8["minus_full_ci"] == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-5)
+  r32 = rows[2]
+  assert r32["seeds"] == [0] and r32["minus_full"] == pytest.approx(-0.15)
+  assert math.isnan(r32["minus_full_ci"])
+  text = lora_ranks.render(rows)
+  assert "rank 32" in text and "-0.100 [" in text
