@@ -21,6 +21,7 @@ def _tiny(arg=None):
     ("configs.tiny_cpu", None), ("configs.tiny_cpu", "runlocal=True"),
     ("configs.dapo_qwen25_32b", None), ("configs.dapo_qwen25_32b", "tpu=v5e-256"),
     ("configs.dapo_qwen25_32b", "tpu=v6e-32"), ("configs.dapo_qwen25_32b", "tpu=v6e-64"),
+    ("configs.dapo_qwen25_32b", "lora=True,tpu=v5p-8"), ("configs.smollm2_cpu", "lora=True"),
     ("configs.ladder", "rung=naive_grpo"),
     ("configs.ladder", "rung=dapo,seed=2"), ("configs.ladder", "rung=token_level,base=qwen25_32b"),
 ])
@@ -52,6 +53,11 @@ def test_paper_recipe_slice_settings():
   assert c.algo == config_lib.parse(mod.get_config()).algo
   with pytest.raises(ValueError, match="tpu: 'v6e-8' has no fitted settings"):
     mod.get_config("tpu=v6e-8")
+  lo = config_lib.parse(mod.get_config("lora=True,tpu=v5p-8"))  # LoRA: its own slices
+  assert (lo.lora.rank, lo.model.param_dtype, lo.optim.lr) == (32, "bfloat16", 1e-5)
+  assert lo.algo == c.algo and lo.train.micro_batch_size == 1
+  with pytest.raises(ValueError, match="tpu: 'v5p-8' has no fitted settings"):
+    mod.get_config("tpu=v5p-8")  # full weights do not fit one host
 
 
 def test_lock_rejects_typo():

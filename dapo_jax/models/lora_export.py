@@ -4,6 +4,7 @@ the HF checkpoint `base_model_name_or_path` names (tests/test_lora_peft.py check
 import json
 import os
 
+import jax
 import numpy as np
 
 from dapo_jax.models import hf_io
@@ -47,7 +48,6 @@ def peft_config(model, *, rank: int, alpha: float, base_path: str) -> dict:
 def write_adapter(model, lora_cfg, base_path: str, out: str) -> None:
   """The adapters of `model` (with lora_cfg's rank and alpha) to `out` in PEFT's format;
   base_path: the base's HF directory (made absolute when local). Process 0 writes."""
-  import jax  # pylint: disable=import-outside-toplevel
   tensors = adapter_arrays(model)
   if jax.process_index() != 0:
     return

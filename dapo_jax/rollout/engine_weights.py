@@ -22,11 +22,10 @@ class EngineWeights:
 
   def __init__(self, model, mesh, weight_dtype: str):
     self.weight_dtype = weight_dtype
-    self.adapters = lora.has_adapters(model)
     shardings = sharding_lib.model_shardings(model, mesh)
     compute = quant.storage_dtype("auto", model.cfg.dtype)
     self._dtype = quant.storage_dtype(weight_dtype, model.cfg.dtype)
-    if self.adapters:
+    if lora.has_adapters(model):
       self.graphdef, synced, rest = nnx.split(model, lora.LoraParam, ...)
       self._sync_shardings, rest_sh = nnx.split_state(shardings, lora.LoraParam, ...)
       self._sync_dtype, self._quantize_sync = compute, False
