@@ -135,8 +135,8 @@ def _decode_state(cfg: Config, sm, smesh, slots: int, cache: dict, host):
   init = functools.partial(device_fns.init_state, sm.graphdef, slots, cfg.seq_len, c.vocab_size,
                            num_pages=cache["num_pages"],
                            page_size=cfg.rollout.page_size if pg else 0)
-  rest = {} if sm.frozen is None else sm.frozen
-  return shapes.sds(jax.eval_shape(init, sm.params, rest, key, *scal, eos), state_sh), state_sh
+  return (shapes.sds(jax.eval_shape(init, sm.params, sm.rest, key, *scal, eos), state_sh),
+          state_sh)
 
 
 def _sampler_slots(cfg: Config, mcfg, smesh, hosts: int) -> int:
@@ -173,7 +173,6 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
   rollout = cfg.rollout
   slots = _sampler_slots(cfg, mcfg, smesh, hosts)
   sm = sampler_model(cfg, mcfg, smesh)
-  rest = {} if sm.frozen is None else sm.frozen  # LoRA: the base the engine holds
   g, c, record = sm.graphdef, mcfg, cfg.model.routing_replay  # record: the experts
   cache = _sampler_cache(cfg, mcfg, smesh, slots)
   pg, np_batch = cache["spec"], math.ceil(slots / rollout.group_size)  # make_sampler's default
@@ -189,7 +188,7 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
   prefill = jax.jit(functools.partial(device_fns.prefill, g, record_experts=record),
                     out_shardings=prefix_sh)
   toks = (host((np_batch, cfg.task.max_prompt_len), jnp.int32), host((np_batch,), jnp.int32))
-  prefix = shapes.sds(jax.eval_shape(prefill, sm.params, rest, *toks), prefix_sh)
+  prefix = shapes.sds(jax.eval_shape(prefill, sm.params, sm.rest, *toks), prefix_sh)
   insert_fn, write_args, chunk_args = _insert_and_table(cfg, pg, smesh, slots, np_batch, host)
   ids = [host((slots,), jnp.int32)] * 5 + write_args
   insert = jax.jit(insert_fn, donate_argnums=(1,), out_shardings=state_sh)
@@ -198,13 +197,13 @@ def sampler_jobs(cfg: Config, mcfg, smesh, hosts: int = 1) -> tuple[list, dict, 
                                     record_experts=record),
                   donate_argnums=(2,), out_shardings=(state_sh, None))
   trainer = ("train_state", "frozen_params")
-  jobs = [Job("sampler_prefill", prefill, (sm.params, rest, *toks), (*trainer, "decode_state")),
+  jobs = [Job("sampler_prefill", prefill, (sm.params, sm.rest, *toks), (*trainer, "decode_state")),
           Job("sampler_insert", insert, (prefix, st, *ids),
               (*trainer, "sampler_params", "sampler_base")),
           Job("sampler_generate_chunk", chunk,
-              (sm.params, rest, st, host((), jnp.bool_), *chunk_args), (*trainer, "prefix"))]
+              (sm.params, sm.rest, st, host((), jnp.bool_), *chunk_args), (*trainer, "prefix"))]
   buffers = {"sampler_params": shapes.bytes_per_chip(sm.params),
-             "sampler_base": shapes.bytes_per_chip(rest),
+             "sampler_base": shapes.bytes_per_chip(sm.rest),  # LoRA: the held base
              "decode_state": shapes.bytes_per_chip(st), "prefix": shapes.bytes_per_chip(prefix)}
   info = dict(paged_kv=bool(pg), page_size=rollout.page_size,
               pool_pages_per_host=cache["num_pages"], sampler_weight_dtype=weight_dtype(cfg, mcfg),

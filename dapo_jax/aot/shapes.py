@@ -80,6 +80,12 @@ class Model:
   frozen: object = None     # LoRA: the base's nnx.State of ShapeDtypeStruct, else None
   frozen_shardings: object = None
 
+  @property
+  def rest(self):
+    """What an Engine holds beside its synced params (device_fns' `rest`): the frozen base
+    under LoRA, else nothing."""
+    return {} if self.frozen is None else self.frozen
+
 
 def _cast(tree, dtype):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype)), tree)
