@@ -11,6 +11,8 @@ from dapo_jax import refusals
 from dapo_jax.workdir import lock as run_lock
 
 HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
+FINISH_S = 300  # seconds a finished process waits for its peers to finish too
+_finishing = threading.Event()  # set by finish(): peers leaving is then no fault
 
 
 def cpu_devices_for_mesh(cfg) -> int | None:
@@ -61,6 +63,8 @@ def _watchdog(poll_s: float = 5.0) -> None:
   misses = 0
   while True:
     time.sleep(poll_s)
+    if _finishing.is_set():
+      return
     lost = lost_processes()
     misses = misses + 1 if lost != [] else 0
     if misses >= 2:
@@ -68,6 +72,28 @@ def _watchdog(poll_s: float = 5.0) -> None:
              f"lost process(es) {lost} (no heartbeat for {HEARTBEAT_S} s)")
       _exit(f"error: process {jax.process_index()} of {jax.process_count()} stopped: {who}. "
             f"Restart every process with --resume")
+
+
+def finish(timeout_s: float = FINISH_S) -> None:
+  """A multi-process run's orderly end, called by every process once its job succeeded.
+
+  With recoverability on, JAX's own shutdown barrier no longer waits for the peers (the
+  coordination service warns so at start-up), so process 0 could stop the service while a peer
+  still sends its last shutdown call, and that peer aborts (exit -6 after a finished run, seen in
+  a 2-process test on 2026-12-07). Here every process meets at a barrier, the others disconnect
+  first, and process 0 stops the service only once they have (or after `timeout_s`)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+  state = jax_distributed.global_state
+  if state.client is None:
+    return
+  _finishing.set()
+  client, everyone = state.client, list(range(state.num_processes))
+  client.wait_at_barrier("dapo_jax_finish", int(timeout_s * 1000))
+  if state.process_id == 0:
+    deadline = time.monotonic() + timeout_s
+    while len(client.get_live_nodes(everyone)) > 1 and time.monotonic() < deadline:
+      time.sleep(0.05)
+  jax.distributed.shutdown()
 
 
 def lost_processes() -> list[int] | None:

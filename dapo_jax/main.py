@@ -73,7 +73,7 @@ def main(argv):
   del argv
   started = _Started()
   try:
-    _main(started)
+    code = _main(started)
   except KeyboardInterrupt:  # Ctrl-C outside the training loop (the loop saves, then stops)
     line = ("error: interrupted (SIGINT) before the training loop began or while it finished; "
             "nothing was saved since the newest checkpoint: --resume continues from it")
@@ -94,6 +94,11 @@ def main(argv):
   finally:
     if started.lock is not None:
       started.lock.release()
+  if started.distributed:  # every process succeeded: they leave together
+    from dapo_jax import distributed  # pylint: disable=import-outside-toplevel
+    distributed.finish()
+  if code:
+    sys.exit(code)
 
 
 def _record_end(started: _Started, state: str, **fields) -> None:
@@ -102,7 +107,8 @@ def _record_end(started: _Started, state: str, **fields) -> None:
     run_state.write(started.workdir, state, **fields)
 
 
-def _main(started: _Started):
+def _main(started: _Started) -> int:
+  """The job; returns the exit code of a run that ended without error (0, or preempted)."""
   # Imports after flag parsing: config errors surface before JAX starts.
   from dapo_jax import config as config_lib, distributed  # pylint: disable=import-outside-toplevel
   cfg = config_lib.parse(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
@@ -117,13 +123,13 @@ def _main(started: _Started):
   if done is not None:
     print(f"[resume] {workdir} already finished its {done['steps']} steps (results.json): "
           f"nothing to do", flush=True)
-    return
+    return 0
   if started.lock is not None:  # process 0
     quiet.keep_library_log(workdir)
   _, results = job.run_job(cfg, workdir, resume=FLAGS.resume,
                            config_json=FLAGS.config.to_json_best_effort(indent=2))
-  if results.get("preempted"):  # saved after a stop signal: not a success for a controller
-    sys.exit(run_state.PREEMPTED_EXIT)
+  # saved after a stop signal: not a success for a controller
+  return run_state.PREEMPTED_EXIT if results.get("preempted") else 0
 
 
 def parse_flags(argv):

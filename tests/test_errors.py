@@ -108,7 +108,7 @@ def _tiny_run(tmp_path):
                                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
   graphdef, params = nnx.split(qwen2.Qwen2(mcfg, rngs=nnx.Rngs(0)))
   ns = types.SimpleNamespace
-  return ns(model=ns(graphdef=graphdef, model_config=mcfg),
+  return ns(model=ns(graphdef=graphdef, model_config=mcfg, frozen=None),
             loop=ns(state=ns(params=params), step=3),
             task=ns(tokenizer=tokenizer_lib.load_tokenizer()))
 

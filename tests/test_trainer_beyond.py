@@ -69,7 +69,8 @@ def test_prefilter_drops_recorded_prompts_and_records_survive_a_restart(tmp_path
   meta |= {"results": {}, "metrics_records": 0}
   saved, lengths = dict(run.prefilter.records), run.loop.length_history[0][0]
   run.prefilter.records, run.loop.length_history = {}, {}
-  ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.loop.step, s, meta), directory="ckpt")
+  ckpt = types.SimpleNamespace(restore_latest=lambda s: (run.loop.step, s, meta), directory="ckpt",
+                               latest_step=lambda: run.loop.step, meta=lambda step: meta)
   recovery.start(run, ckpt, resume=True)
   assert run.prefilter.records == saved
   np.testing.assert_array_equal(run.loop.length_history[0][0], lengths)  # the adaptive ramp's too
