@@ -1,7 +1,7 @@
 """A LoRA run end to end (config.lora.rank > 0, train/adapters.py): checkpoints hold the adapters
 and their optimizer state only, resume bitwise against the base written beside them, refuse a
 different base, and export in PEFT's format, which peft loads onto the base in torch with the
-merged export's logits."""
+merged export's logits; the split asynchronous loop syncs the adapters to the sampler's devices."""
 import json
 import os
 
@@ -84,3 +84,23 @@ def test_peft_loads_the_exported_adapter_with_the_merged_logits(tmp_path):
     merged = load(str(tmp_path / "export"))(ids).logits.numpy()
   assert np.abs(peft_logits - plain).max() > 1e-3  # the trained adapters act
   np.testing.assert_allclose(peft_logits, merged, atol=1e-4, rtol=0)
+
+
+def test_the_split_asynchronous_loop_syncs_the_adapters_across_devices(tmp_path):
+  """The sampler on its own devices, one version of staleness, partial rollouts: the engine ends
+  with the trainer's last adapters on the sampler's devices, and the base stays where it was
+  placed once (a sync never moves it)."""
+  run, _ = _run(tmp_path, **LORA, **{
+      "rollout.placement": "split", "rollout.sampler_devices": 4.0, "rollout.max_staleness": 1,
+      "rollout.partial": True, "algo.is_correction": "tis_token", "train.num_steps": 3})
+  engine, sampler_devices = run.sampler.engine, set(run.sampler.engine.mesh.devices.flat)
+  assert not set(run.mesh.devices.flat) & sampler_devices
+  base_before = [id(x) for x in jax.tree.leaves(engine._rest)]  # pylint: disable=protected-access
+  trained, synced = jax.tree.leaves(run.loop.state.params), jax.tree.leaves(engine.params)
+  assert len(trained) == len(synced) > 0
+  for a, b in zip(trained, synced):
+    assert b.devices() <= sampler_devices
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a, b.dtype))
+  assert [r["staleness_max"] for r in _records(tmp_path)] == [0.0, 1.0, 1.0]
+  run.sampler.update_params(run.loop.state.params, version=run.loop.step)
+  assert [id(x) for x in jax.tree.leaves(engine._rest)] == base_before  # pylint: disable=protected-access
