@@ -99,6 +99,7 @@ EPS_PILOT_ARMS = (0.20, 0.28)   # eps_high; eps_low stays 0.2 (0.20 = no Clip-Hi
 EPS_PILOT_SEEDS = (0, 1, 2)
 LORA_RANKS = (1, 8, 32)     # the lora_ranks sweep's adapter ranks (its full-weight arm: dapo_s*)
 LORA_LR_FACTOR = 10         # x the rung's learning rate for adapters (LoRA's usual ratio)
+LORA_LR_ARMS = ((8, 30), (32, 30), (32, 100))  # the lora_lr sweep's (rank, x the rung's lr)
 REGISTRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "experiments", "preregistration")  # <campaign>.json: sweeps too
 STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
@@ -210,7 +211,8 @@ def get_sweep(arg=None):
   EPS_PILOT_ARMS (eps_high) x EPS_PILOT_SEEDS, seed-major (an exploratory pilot grid).
   lora_ranks: the DAPO rung with LoRA adapters of each LORA_RANKS at LORA_LR_FACTOR x its
   learning rate x SWEEP_SEEDS, seed-major (exploratory; the ladder's dapo_s* are its full-weight
-  arm). Several names may be joined
+  arm). lora_lr: the same at each LORA_LR_ARMS (rank, learning-rate factor) x SWEEP_SEEDS,
+  seed-major (exploratory: is 10x too little for a rank?). Several names may be joined
   with ','.
   """
   names = (arg or "ladder").split(",")
@@ -249,6 +251,10 @@ def get_sweep(arg=None):
       runs += [{"name": f"lora_r{r}_s{s}", "arg": f"rung=dapo,seed={s}",
                 "overrides": {"lora.rank": r, "optim.lr": LORA_LR_FACTOR * base.optim.lr}}
                for s in SWEEP_SEEDS for r in LORA_RANKS]
+    elif name == "lora_lr":  # exploratory: the adapters' learning rate per rank
+      runs += [{"name": f"lora_r{r}_lr{f}x_s{s}", "arg": f"rung=dapo,seed={s}",
+                "overrides": {"lora.rank": r, "optim.lr": f * base.optim.lr}}
+               for s in SWEEP_SEEDS for r, f in LORA_LR_ARMS]
     elif name == "ladder16":
       runs += [{"name": f"{r}_s{s}", "arg": f"rung={r},seed={s},base=testbed16", "overrides": {}}
                for arms in LADDER16_PHASES for s in SEEDS16 for r in arms]
@@ -271,7 +277,7 @@ def get_sweep(arg=None):
     else:
       raise ValueError(f"ladder: unknown sweep {name!r}; expected ladder, eps_high, l_cache, "
                        "beyond, prefilter_pool, pilot16, ladder16, loss_mode, staleness, int8_rollout, "
-                       "eps_pilot, lora_ranks, or "
+                       "eps_pilot, lora_ranks, lora_lr, or "
                        "a campaign "
                        f"registered under {REGISTRATIONS}")
   return runs

@@ -1,5 +1,5 @@
-"""The LoRA rank sweep read (dapo_jax.analysis.lora_ranks): arms by rank, paired by seed against
-the full-weight dapo runs, unfinished runs left out."""
+"""The LoRA rank sweep read (dapo_jax.analysis.lora_ranks): arms by rank and learning rate,
+paired by seed against the full-weight dapo runs, unfinished runs left out."""
 import math
 
 import pytest
@@ -34,3 +34,16 @@ def test_ranks_are_paired_with_the_full_weight_runs_of_their_seeds():
   assert math.isnan(r32["minus_full_ci"])
   text = lora_ranks.render(rows)
   assert "rank 32" in text and "-0.100 [" in text
+
+
+def test_learning_rate_arms_are_rows_of_their_own():
+  import importlib  # pylint: disable=import-outside-toplevel
+  assert lora_ranks.LR_FACTOR == importlib.import_module("configs.ladder").LORA_LR_FACTOR
+  full = _runs(*[_run("dapo", s, 0.4, 0.6) for s in range(2)])
+  lora = _runs(_run("lora_r32_lr100x", 0, 0.4, 0.7), _run("lora_r32", 0, 0.4, 0.5),
+               _run("lora_r8_lr30x", 0, 0.4, 0.55), _run("lora_r32_lr30x", 1, 0.4, 0.65))
+  rows = lora_ranks.table(lora, full)
+  assert [r["arm"] for r in rows] == ["full", "rank 8 30x", "rank 32", "rank 32 30x",
+                                      "rank 32 100x"]
+  assert [r["minus_full"] for r in rows[1:]] == pytest.approx([-0.05, -0.1, 0.05, 0.1])
+  assert rows[0]["seeds"] == [0, 1]

@@ -124,3 +124,14 @@ def test_lora_ranks_sweep_runs_each_rank_at_the_adapter_learning_rate():
     section, key = path.split(".")
     c[section][key] = v
   assert config_lib.parse(c).lora.rank == ladder.LORA_RANKS[-1]  # the arm validates
+
+
+def test_lora_lr_sweep_runs_each_rank_at_its_factor():
+  ladder = importlib.import_module("configs.ladder")
+  runs = ladder.get_sweep("lora_lr")
+  lr = ladder.get_config("rung=dapo").optim.lr
+  n = len(ladder.LORA_LR_ARMS)
+  assert [(r["name"], r["overrides"]) for r in runs[:n]] == [
+      (f"lora_r{k}_lr{f}x_s{ladder.SWEEP_SEEDS[0]}", {"lora.rank": k, "optim.lr": f * lr})
+      for k, f in ladder.LORA_LR_ARMS]
+  assert len(runs) == n * len(ladder.SWEEP_SEEDS)

@@ -4,7 +4,8 @@ the paired difference from the full-weight DAPO runs of the same seeds (the ladd
 the same rung, base and seeds). Exploratory: one learning rate per arm, a few seeds, no
 registration; it describes, it decides nothing.
 
-A LoRA run is named `lora_r<rank>_s<seed>`. Differences are paired by seed (the same eval
+A LoRA run is named `lora_r<rank>_s<seed>` (the sweep's 10x learning rate) or, from the
+`lora_lr` sweep, `lora_r<rank>_lr<factor>x_s<seed>` (factor x the rung's). Differences are paired by seed (the same eval
 problems and prompt order), with a 95 % t interval (`ablations.mean_ci`) over the seeds both
 finished.
 """
@@ -16,7 +17,8 @@ import re
 from dapo_jax.analysis import ablations
 
 FULL = "dapo"                # the full-weight arm's group in the ladder
-_NAME = re.compile(r"^lora_r(?P<rank>\d+)$")
+_NAME = re.compile(r"^lora_r(?P<rank>\d+)(?:_lr(?P<factor>\d+)x)?$")
+LR_FACTOR = 10               # the lora_ranks sweep's (configs/ladder.py LORA_LR_FACTOR)
 
 
 def _finished(run: ablations.RunLog, metric: str) -> bool:
@@ -24,8 +26,8 @@ def _finished(run: ablations.RunLog, metric: str) -> bool:
 
 
 def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[dict]:
-  """Rows, the full-weight arm first (on the seeds some adapter arm finished) and then by rank:
-  seeds, `metric` before and after (means over the arm's finished seeds), the gain, and for
+  """Rows, the full-weight arm first (on the seeds some adapter arm finished) and then by rank
+  and learning-rate factor: seeds, `metric` before and after (means over the arm's finished seeds), the gain, and for
   adapters the paired difference from full weights (mean, 95 % CI half-width; nan below 2
   seeds) over the seeds both finished."""
   full = {r.seed: r for r in full_runs.values() if r.group == FULL and _finished(r, metric)}
@@ -33,14 +35,17 @@ def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[di
   for r in lora_runs.values():
     m = _NAME.match(r.group)
     if m and _finished(r, metric):
-      arms.setdefault(int(m.group("rank")), {})[r.seed] = r
+      key = int(m.group("rank")), int(m.group("factor") or LR_FACTOR)
+      arms.setdefault(key, {})[r.seed] = r
   used = {s for arm in arms.values() for s in arm}  # the full arm on the sweep's seeds
   shown = {s: r for s, r in full.items() if s in used} if used else full
   rows = [_row("full", shown, metric)] if shown else []
-  for rank in sorted(arms):
-    row = _row(f"rank {rank}", arms[rank], metric)
-    seeds = sorted(set(arms[rank]) & set(full))
-    diffs = [arms[rank][s].final_eval(metric) - full[s].final_eval(metric) for s in seeds]
+  for rank, factor in sorted(arms):
+    arm = arms[rank, factor]
+    label = f"rank {rank}" + ("" if factor == LR_FACTOR else f" {factor}x")
+    row = _row(label, arm, metric)
+    seeds = sorted(set(arm) & set(full))
+    diffs = [arm[s].final_eval(metric) - full[s].final_eval(metric) for s in seeds]
     mean, half, n = ablations.mean_ci(diffs) if diffs else (math.nan, math.nan, 0)
     row.update(paired_seeds=n, minus_full=mean, minus_full_ci=half)
     rows.append(row)
@@ -57,7 +62,7 @@ def _row(arm: str, runs: dict, metric: str) -> dict:
 
 
 def render(rows: list[dict], metric: str = "avg@8") -> str:
-  head = (f"{'arm':<10}{'seeds':>6}   {metric} before -> after     gain    "
+  head = (f"{'arm':<14}{'seeds':>6}   {metric} before -> after     gain    "
           "minus full [95 % CI] (paired seeds)")
   lines = [head]
   for r in rows:
@@ -66,6 +71,6 @@ def render(rows: list[dict], metric: str = "avg@8") -> str:
       d, h = r["minus_full"], r["minus_full_ci"]
       ci = "" if math.isnan(h) else f" [{d - h:+.3f}, {d + h:+.3f}]"
       cmp = f"{d:+.3f}{ci} ({r['paired_seeds']})"
-    lines.append(f"{r['arm']:<10}{len(r['seeds']):>6}   {r[metric + '_before']:.3f} -> "
+    lines.append(f"{r['arm']:<14}{len(r['seeds']):>6}   {r[metric + '_before']:.3f} -> "
                  f"{r[metric + '_after']:.3f}   {r['gain']:+.3f}    {cmp}")
   return "\n".join(lines)
