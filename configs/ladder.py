@@ -99,7 +99,7 @@ EPS_PILOT_ARMS = (0.20, 0.28)   # eps_high; eps_low stays 0.2 (0.20 = no Clip-Hi
 EPS_PILOT_SEEDS = (0, 1, 2)
 LORA_RANKS = (1, 8, 32)     # the lora_ranks sweep's adapter ranks (its full-weight arm: dapo_s*)
 LORA_LR_FACTOR = 10         # x the rung's learning rate for adapters (LoRA's usual ratio)
-LORA_LR_ARMS = ((8, 30), (32, 30), (32, 100))  # the lora_lr sweep's (rank, x the rung's lr)
+LORA_LR_ARMS = ((8, 3), (32, 3), (32, 30))  # the lora_lr sweep's (rank, x the rung's lr)
 REGISTRATIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                              "experiments", "preregistration")  # <campaign>.json: sweeps too
 STALENESS = (0, 1, 2, 4)   # rollout.max_staleness arms of the staleness sweep (policy versions)
@@ -212,7 +212,8 @@ def get_sweep(arg=None):
   lora_ranks: the DAPO rung with LoRA adapters of each LORA_RANKS at LORA_LR_FACTOR x its
   learning rate x SWEEP_SEEDS, seed-major (exploratory; the ladder's dapo_s* are its full-weight
   arm). lora_lr: the same at each LORA_LR_ARMS (rank, learning-rate factor) x SWEEP_SEEDS,
-  seed-major (exploratory: is 10x too little for a rank?). Several names may be joined
+  seed-major (exploratory: at 10x the adapters moved the policy more per update than full
+  weights did, by approx_kl; below and above it). Several names may be joined
   with ','.
   """
   names = (arg or "ladder").split(",")
