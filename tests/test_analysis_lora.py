@@ -47,3 +47,20 @@ def test_learning_rate_arms_are_rows_of_their_own():
                                       "rank 32 100x"]
   assert [r["minus_full"] for r in rows[1:]] == pytest.approx([-0.05, -0.1, 0.05, 0.1])
   assert rows[0]["seeds"] == [0, 1]
+
+
+def test_each_arm_reports_how_far_its_updates_moved_the_policy():
+  def logged(group, seed, kls, entropies):
+    train = [{"step": i + 1, "entropy": e} | ({"approx_kl": kls[i]} if i < len(kls) else {})
+             for i, e in enumerate(entropies)]
+    return ablations.RunLog(f"{group}_s{seed}", group, seed, train, [],
+                            {"before": {"avg@8": 0.4}, "after": {"avg@8": 0.5}})
+  ent = [1.0] * 3 + [0.5] * lora_ranks.LAST_STEPS
+  full = _runs(logged("dapo", 0, [0.001, 0.003], ent), logged("dapo", 1, [0.002], ent))
+  lora = _runs(logged("lora_r8", 0, [0.01, 0.03], ent), logged("lora_r8", 1, [0.1], [4.0]))
+  rows = lora_ranks.table(lora, full)
+  assert rows[0]["approx_kl_per_seed"] == pytest.approx([0.002, 0.002])
+  assert rows[1]["approx_kl"] == pytest.approx((0.02 + 0.1) / 2)
+  assert rows[0]["entropy_end"] == pytest.approx(0.5)
+  assert rows[1]["entropy_end"] == pytest.approx((0.5 + 4.0) / 2)
+  assert "0.06000" in lora_ranks.render(rows)

@@ -7,7 +7,8 @@ registration; it describes, it decides nothing.
 A LoRA run is named `lora_r<rank>_s<seed>` (the sweep's 10x learning rate) or, from the
 `lora_lr` sweep, `lora_r<rank>_lr<factor>x_s<seed>` (factor x the rung's). Differences are paired by seed (the same eval
 problems and prompt order), with a 95 % t interval (`ablations.mean_ci`) over the seeds both
-finished.
+finished. Beside accuracy, what the logs say of each arm's updates: `approx_kl` (how far one
+update moved the policy, a run's mean over its steps) and the entropy of its last steps.
 """
 from __future__ import annotations
 
@@ -52,18 +53,32 @@ def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[di
   return rows
 
 
+LAST_STEPS = 5  # entropy_end: the mean over a run's last LAST_STEPS train records
+
+
+def _mean(xs) -> float:
+  xs = [x for x in xs if not math.isnan(x)]
+  return sum(xs) / len(xs) if xs else math.nan
+
+
+def _series_mean(run: ablations.RunLog, key: str, last: int = 0) -> float:
+  values = run.series(key)[1][-last:]
+  return float(values.mean()) if values.size else math.nan
+
+
 def _row(arm: str, runs: dict, metric: str) -> dict:
   seeds = sorted(runs)
-  mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
-  before = mean([runs[s].before_eval(metric) for s in seeds])
-  after = mean([runs[s].final_eval(metric) for s in seeds])
+  before = _mean([runs[s].before_eval(metric) for s in seeds])
+  after = _mean([runs[s].final_eval(metric) for s in seeds])
+  kl = [_series_mean(runs[s], "approx_kl") for s in seeds]
   return {"arm": arm, "seeds": seeds, f"{metric}_before": before, f"{metric}_after": after,
-          "gain": after - before}
+          "gain": after - before, "approx_kl": _mean(kl), "approx_kl_per_seed": kl,
+          "entropy_end": _mean([_series_mean(runs[s], "entropy", LAST_STEPS) for s in seeds])}
 
 
 def render(rows: list[dict], metric: str = "avg@8") -> str:
-  head = (f"{'arm':<14}{'seeds':>6}   {metric} before -> after     gain    "
-          "minus full [95 % CI] (paired seeds)")
+  head = (f"{'arm':<14}{'seeds':>6}   {metric} before -> after     gain   approx_kl  "
+          "entropy_end   minus full [95 % CI] (paired seeds)")
   lines = [head]
   for r in rows:
     cmp = ""
@@ -72,5 +87,6 @@ def render(rows: list[dict], metric: str = "avg@8") -> str:
       ci = "" if math.isnan(h) else f" [{d - h:+.3f}, {d + h:+.3f}]"
       cmp = f"{d:+.3f}{ci} ({r['paired_seeds']})"
     lines.append(f"{r['arm']:<14}{len(r['seeds']):>6}   {r[metric + '_before']:.3f} -> "
-                 f"{r[metric + '_after']:.3f}   {r['gain']:+.3f}    {cmp}")
+                 f"{r[metric + '_after']:.3f}   {r['gain']:+.3f}   {r['approx_kl']:9.5f}  "
+                 f"{r['entropy_end']:11.3f}   {cmp}")
   return "\n".join(lines)
