@@ -11,7 +11,8 @@ from dapo_jax import refusals
 from dapo_jax.workdir import lock as run_lock
 
 HEARTBEAT_S = 20  # seconds without a heartbeat before a process counts as dead
-FINISH_S = 300  # seconds a finished process waits for its peers to finish too
+FINISH_S = 3600  # seconds a finished process waits for the others (process 0 writes the export)
+LEAVE_S = 60  # then seconds process 0 waits for the others to disconnect
 _finishing = threading.Event()  # set by finish(): peers leaving is then no fault
 
 
@@ -74,23 +75,29 @@ def _watchdog(poll_s: float = 5.0) -> None:
             f"Restart every process with --resume")
 
 
-def finish(timeout_s: float = FINISH_S) -> None:
+def finish(wait_s: float = FINISH_S, leave_s: float = LEAVE_S) -> None:
   """A multi-process run's orderly end, called by every process once its job succeeded.
 
   With recoverability on, JAX's own shutdown barrier no longer waits for the peers (the
   coordination service warns so at start-up), so process 0 could stop the service while a peer
   still sends its last shutdown call, and that peer aborts (exit -6 after a finished run, seen in
-  a 2-process test on 2026-12-07). Here every process meets at a barrier, the others disconnect
-  first, and process 0 stops the service only once they have (or after `timeout_s`)."""
+  a 2-process test on 2026-12-07). Here every process meets at a barrier (up to `wait_s`: process
+  0 may still be writing the export; the watchdog still names a peer lost meanwhile), the others
+  disconnect first, and process 0 stops the service once they have (or after `leave_s`)."""
   from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
   state = jax_distributed.global_state
   if state.client is None:
     return
-  _finishing.set()
   client, everyone = state.client, list(range(state.num_processes))
-  client.wait_at_barrier("dapo_jax_finish", int(timeout_s * 1000))
+  try:
+    client.wait_at_barrier("dapo_jax_finish", int(wait_s * 1000))
+  except Exception as e:  # pylint: disable=broad-except  # the job's outputs are written
+    _exit(f"error: process {state.process_id} of {state.num_processes} finished its job, but "
+          f"not every process reached the end within {wait_s:.0f} s "
+          f"({refusals.one_line(str(e))[:200]})")
+  _finishing.set()  # peers leaving from here on is the end, not a fault
   if state.process_id == 0:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + leave_s
     while len(client.get_live_nodes(everyone)) > 1 and time.monotonic() < deadline:
       time.sleep(0.05)
   jax.distributed.shutdown()

@@ -115,22 +115,33 @@ _LATE_PEER = """
 import sys, time
 from dapo_jax import distributed
 from dapo_jax.config.sections import DistributedCfg
-pid, port = int(sys.argv[1]), sys.argv[2]
+pid, port, late_s, wait_s = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 distributed.initialize(DistributedCfg(True, "localhost:" + port, 2, pid, "gloo"))
-time.sleep(3 * pid)  # process 1 ends its job 3 s after process 0
-distributed.finish()
+time.sleep(late_s * pid)  # process 1 ends its job late_s after process 0
+distributed.finish(wait_s=wait_s)
 print("finished", pid)
 """
+
+
+def _finish_apart(late_s: float, wait_s: float) -> list[tuple[int, str]]:
+  port = str(launch.local_backend._free_port())  # pylint: disable=protected-access
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen([sys.executable, "-c", _LATE_PEER, str(i), port, str(late_s),
+                             str(wait_s)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  return [(p.returncode, out) for p, out in ((p, p.communicate(timeout=120)[0]) for p in procs)]
 
 
 def test_processes_finishing_apart_both_exit_zero():
   """Recoverability makes JAX's shutdown barrier wait for no one: without `finish`, process 0
   stops the coordination service and a peer still finishing aborts (-6, 2026-12-07)."""
-  port = str(launch.local_backend._free_port())  # pylint: disable=protected-access
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  procs = [subprocess.Popen([sys.executable, "-c", _LATE_PEER, str(i), port], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  outs = [p.communicate(timeout=120)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], [o[-1500:] for o in outs]
-  assert [f"finished {i}" in o for i, o in enumerate(outs)] == [True, True]
+  got = _finish_apart(late_s=3, wait_s=60)
+  assert [rc for rc, _ in got] == [0, 0], [out[-1500:] for _, out in got]
+  assert [f"finished {i}" in out for i, (_, out) in enumerate(got)] == [True, True]
+
+
+def test_a_peer_that_never_finishes_is_named_not_waited_on_forever():
+  (rc, out), _ = _finish_apart(late_s=8, wait_s=2)
+  assert rc == 1, out[-1500:]
+  assert ("error: process 0 of 2 finished its job, but not every process reached the end "
+          "within 2 s") in out
