@@ -3,6 +3,7 @@ paired by seed against the full-weight dapo runs, unfinished runs left out."""
 import math
 
 import pytest
+from scipy import stats
 
 from dapo_jax.analysis import ablations, lora_ranks
 
@@ -29,6 +30,9 @@ def test_ranks_are_paired_with_the_full_weight_runs_of_their_seeds():
   r8 = rows[1]
   assert r8["minus_full"] == pytest.approx(-0.10) and r8["paired_seeds"] == 3
   assert r8["minus_full_ci"] == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-5)
+  p = 2 * stats.t.sf(0.10 / (0.02 / math.sqrt(3)), 2)  # diffs -0.10, -0.08, -0.12
+  assert r8["p"] == pytest.approx(p, rel=1e-6)
+  assert r8["p_holm"] == pytest.approx(2 * p, rel=1e-6)  # rank 32's missing p still counts
   r32 = rows[2]
   assert r32["seeds"] == [0] and r32["minus_full"] == pytest.approx(-0.15)
   assert math.isnan(r32["minus_full_ci"])

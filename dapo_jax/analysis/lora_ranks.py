@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-from dapo_jax.analysis import ablations
+from dapo_jax.analysis import ablations, stats
 
 FULL = "dapo"                # the full-weight arm's group in the ladder
 _NAME = re.compile(r"^lora_r(?P<rank>\d+)(?:_lr(?P<factor>\d+)x)?$")
@@ -28,9 +28,10 @@ def _finished(run: ablations.RunLog, metric: str) -> bool:
 
 def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[dict]:
   """Rows, the full-weight arm first (on the seeds some adapter arm finished) and then by rank
-  and learning-rate factor: seeds, `metric` before and after (means over the arm's finished seeds), the gain, and for
-  adapters the paired difference from full weights (mean, 95 % CI half-width; nan below 2
-  seeds) over the seeds both finished."""
+  and learning-rate factor: seeds, `metric` before and after (means over the arm's finished
+  seeds), the gain, and for adapters the paired difference from full weights over the seeds
+  both finished (mean, 95 % CI half-width, two-sided t p; nan below 2 seeds) and its Holm p
+  over the table's adapter arms."""
   full = {r.seed: r for r in full_runs.values() if r.group == FULL and _finished(r, metric)}
   arms: dict = {}
   for r in lora_runs.values():
@@ -46,10 +47,13 @@ def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[di
     label = f"rank {rank}" + ("" if factor == LR_FACTOR else f" {factor}x")
     row = _row(label, arm, metric)
     seeds = sorted(set(arm) & set(full))
-    diffs = [arm[s].final_eval(metric) - full[s].final_eval(metric) for s in seeds]
-    mean, half, n = ablations.mean_ci(diffs) if diffs else (math.nan, math.nan, 0)
-    row.update(paired_seeds=n, minus_full=mean, minus_full_ci=half)
+    t = stats.one_sample_t([arm[s].final_eval(metric) - full[s].final_eval(metric)
+                            for s in seeds])
+    row.update(paired_seeds=t.n, minus_full=t.diff, minus_full_ci=t.half, p=t.p)
     rows.append(row)
+  adapters = rows[1:] if shown else rows
+  for row, p_adj in zip(adapters, stats.holm([r["p"] for r in adapters])):
+    row["p_holm"] = p_adj  # Holm over the table's adapter arms: one family
   return rows
 
 
@@ -78,7 +82,7 @@ def _row(arm: str, runs: dict, metric: str) -> dict:
 
 def render(rows: list[dict], metric: str = "avg@8") -> str:
   head = (f"{'arm':<14}{'seeds':>6}   {metric} before -> after     gain   approx_kl  "
-          "entropy_end   minus full [95 % CI] (paired seeds)")
+          "entropy_end   minus full [95 % CI] (paired seeds)  Holm p")
   lines = [head]
   for r in rows:
     cmp = ""
@@ -86,6 +90,8 @@ def render(rows: list[dict], metric: str = "avg@8") -> str:
       d, h = r["minus_full"], r["minus_full_ci"]
       ci = "" if math.isnan(h) else f" [{d - h:+.3f}, {d + h:+.3f}]"
       cmp = f"{d:+.3f}{ci} ({r['paired_seeds']})"
+      if not math.isnan(r["p_holm"]):
+        cmp += f"  Holm p {r['p_holm']:.3f}"
     lines.append(f"{r['arm']:<14}{len(r['seeds']):>6}   {r[metric + '_before']:.3f} -> "
                  f"{r[metric + '_after']:.3f}   {r['gain']:+.3f}   {r['approx_kl']:9.5f}  "
                  f"{r['entropy_end']:11.3f}   {cmp}")
