@@ -35,9 +35,10 @@ def test_ranks_are_paired_with_the_full_weight_runs_of_their_seeds():
   assert r8["p_holm"] == pytest.approx(2 * p, rel=1e-6)  # rank 32's missing p still counts
   r32 = rows[2]
   assert r32["seeds"] == [0] and r32["minus_full"] == pytest.approx(-0.15)
+  assert r32["unfinished"] == [1] and r8["unfinished"] == []
   assert math.isnan(r32["minus_full_ci"])
   text = lora_ranks.render(rows)
-  assert "rank 32" in text and "-0.100 [" in text
+  assert "rank 32" in text and "-0.100 [" in text and "(unfinished: seed 1)" in text
 
 
 def test_learning_rate_arms_are_rows_of_their_own():

@@ -30,15 +30,20 @@ def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[di
   """Rows, the full-weight arm first (on the seeds some adapter arm finished) and then by rank
   and learning-rate factor: seeds, `metric` before and after (means over the arm's finished
   seeds), the gain, and for adapters the paired difference from full weights over the seeds
-  both finished (mean, 95 % CI half-width, two-sided t p; nan below 2 seeds) and its Holm p
-  over the table's adapter arms."""
+  both finished (mean, 95 % CI half-width, two-sided t p; nan below 2 seeds), its Holm p
+  over the table's adapter arms, and the arm's runs without a final eval (`unfinished`: a run
+  that stopped early is named, not averaged in)."""
   full = {r.seed: r for r in full_runs.values() if r.group == FULL and _finished(r, metric)}
   arms: dict = {}
+  unfinished: dict = {}  # runs that stopped early or still run: named, never averaged in
   for r in lora_runs.values():
     m = _NAME.match(r.group)
-    if m and _finished(r, metric):
+    if m:
       key = int(m.group("rank")), int(m.group("factor") or LR_FACTOR)
-      arms.setdefault(key, {})[r.seed] = r
+      if _finished(r, metric):
+        arms.setdefault(key, {})[r.seed] = r
+      else:
+        unfinished.setdefault(key, []).append(r.seed)
   used = {s for arm in arms.values() for s in arm}  # the full arm on the sweep's seeds
   shown = {s: r for s, r in full.items() if s in used} if used else full
   rows = [_row("full", shown, metric)] if shown else []
@@ -46,6 +51,7 @@ def table(lora_runs: dict, full_runs: dict, *, metric: str = "avg@8") -> list[di
     arm = arms[rank, factor]
     label = f"rank {rank}" + ("" if factor == LR_FACTOR else f" {factor}x")
     row = _row(label, arm, metric)
+    row["unfinished"] = sorted(unfinished.get((rank, factor), []))
     seeds = sorted(set(arm) & set(full))
     t = stats.one_sample_t([arm[s].final_eval(metric) - full[s].final_eval(metric)
                             for s in seeds])
@@ -92,6 +98,8 @@ def render(rows: list[dict], metric: str = "avg@8") -> str:
       cmp = f"{d:+.3f}{ci} ({r['paired_seeds']})"
       if not math.isnan(r["p_holm"]):
         cmp += f"  Holm p {r['p_holm']:.3f}"
+      if r["unfinished"]:
+        cmp += f"  (unfinished: seed {', '.join(map(str, r['unfinished']))})"
     lines.append(f"{r['arm']:<14}{len(r['seeds']):>6}   {r[metric + '_before']:.3f} -> "
                  f"{r[metric + '_after']:.3f}   {r['gain']:+.3f}   {r['approx_kl']:9.5f}  "
                  f"{r['entropy_end']:11.3f}   {cmp}")
