@@ -114,6 +114,12 @@ LORA_SLICES = {
     # sampler weights, a 16 GiB KV pool per chip (262,144 tokens).
     "v5p-8": {"train.micro_batch_size": 1, "rollout.weight_dtype": "int8",
               "rollout.kv_cache_gib": 16.0, "distributed.enabled": False},
+    # One host, 8 chips of 32 GiB: fsdp 1 x tensor 4 x context 2 (each row's tokens over 2
+    # chips), one row per micro-batch, int8 sampler weights, a 6 GiB KV pool per chip, 256
+    # slots (the pool holds ~100 rows at these lengths; the prefill batch is slots / 16).
+    "v6e-8": {"mesh.context": 2, "train.micro_batch_size": 1, "rollout.weight_dtype": "int8",
+              "rollout.kv_cache_gib": 6.0, "rollout.num_slots": 256,
+              "distributed.enabled": False},
 }
 
 

@@ -21,7 +21,8 @@ def _tiny(arg=None):
     ("configs.tiny_cpu", None), ("configs.tiny_cpu", "runlocal=True"),
     ("configs.dapo_qwen25_32b", None), ("configs.dapo_qwen25_32b", "tpu=v5e-256"),
     ("configs.dapo_qwen25_32b", "tpu=v6e-32"), ("configs.dapo_qwen25_32b", "tpu=v6e-64"),
-    ("configs.dapo_qwen25_32b", "lora=True,tpu=v5p-8"), ("configs.smollm2_cpu", "lora=True"),
+    ("configs.dapo_qwen25_32b", "lora=True,tpu=v5p-8"),
+    ("configs.dapo_qwen25_32b", "lora=True,tpu=v6e-8"), ("configs.smollm2_cpu", "lora=True"),
     ("configs.ladder", "rung=naive_grpo"),
     ("configs.ladder", "rung=dapo,seed=2"), ("configs.ladder", "rung=token_level,base=qwen25_32b"),
 ])
@@ -58,6 +59,8 @@ def test_paper_recipe_slice_settings():
   assert lo.algo == c.algo and lo.train.micro_batch_size == 1
   with pytest.raises(ValueError, match="tpu: 'v5p-8' has no fitted settings"):
     mod.get_config("tpu=v5p-8")  # full weights do not fit one host
+  v6 = config_lib.parse(mod.get_config("lora=True,tpu=v6e-8"))
+  assert (v6.mesh.context, v6.mesh.tensor, v6.rollout.num_slots) == (2, 4, 256)
 
 
 def test_lock_rejects_typo():
