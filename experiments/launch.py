@@ -27,7 +27,8 @@ SIGTERM (they save at the end of the step).
 
 A campaign kept over several launches (local backends): --results_dir=DIR skips every run whose
 results.json is in DIR/<run name>/ and copies each finished run's small logs there (top-level
-files up to 1 MiB, never checkpoints); --stop_at (with --run_minutes) starts no run that could
+files up to 1 MiB, never checkpoints; a failed run's too, without a results.json, so a later
+launch runs it again); --stop_at (with --run_minutes) starts no run that could
 not finish by then:
 
   python experiments/launch.py --config=configs/ladder.py --sweep=testbed_confirm \
@@ -76,7 +77,8 @@ def _flags() -> argparse.ArgumentParser:
   add("--workdir", required=True, help="root directory (local or gs://...); one per run below")
   add("--parallel", type=int, default=1, help="local: runs at once")
   add("--results_dir", default="", help="local / multihost: skip runs whose results.json is in "
-      "DIR/<run name>/ and copy each finished run's small logs there (never checkpoints)")
+      "DIR/<run name>/ and copy each finished (or failed) run's small logs there (never "
+      "checkpoints)")
   add("--stop_at", default="", help="local / multihost: start no run that cannot finish by "
       "then: HH:MM (today, local time), an ISO date-time, or +MINUTES from now")
   add("--run_minutes", type=float, default=None, help="--stop_at: how long one run takes; "

@@ -109,8 +109,8 @@ def _ended(run: RunSpec, started, t0: float, args) -> Outcome:
   out = outcome(run, rc, lines, wall_s=time.time() - t0, launch_id=getattr(args, "launch_id", ""))
   results_dir = getattr(args, "results_dir", "")
   launch_runs.copy_log(run)
-  if results_dir and out.state == "finished":
-    launch_runs.copy_small_logs(run, results_dir)
+  if results_dir and out.state in ("finished", "failed"):
+    launch_runs.copy_small_logs(run, results_dir, failed=out.state == "failed")
   return out
 
 

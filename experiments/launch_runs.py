@@ -229,19 +229,24 @@ def in_results(run: RunSpec, results_dir: str | None) -> bool:
   return bool(results_dir) and os.path.isfile(os.path.join(results_dir, run.name, "results.json"))
 
 
-def copy_small_logs(run: RunSpec, results_dir: str) -> list[str]:
+def copy_small_logs(run: RunSpec, results_dir: str, *, failed: bool = False) -> list[str]:
   """A finished run's small logs into <results_dir>/<run name>/: the files at the top of its
   directory up to SMALL_LOG_BYTES (results.json, metrics.jsonl, config.json, log.txt), never a
   folder (checkpoints, export, tensorboard). results.json is copied last, so a copy cut short
-  is not taken for a finished one. Returns the names copied."""
+  is not taken for a finished one. failed: a run that failed has no results.json; its logs are
+  kept as evidence (a collapse, a refusal) and a later launch still runs it. Returns the names
+  copied."""
   src = paths.resolve(run.workdir)
-  if not (src / "results.json").exists():
+  if not failed and not (src / "results.json").exists():
     raise LaunchError(f"--results_dir: {run.workdir} has no results.json to copy")
   dst = os.path.join(results_dir, run.name)
   os.makedirs(dst, exist_ok=True)
   names = sorted(p.name for p in src.iterdir()
                  if p.is_file() and p.stat().length <= SMALL_LOG_BYTES and p.name != "run.lock")
-  names = [n for n in names if n != "results.json"] + ["results.json"]
+  names = [n for n in names if n != "results.json"] + ([] if failed else ["results.json"])
+  for stale in set(os.listdir(dst)) - set(names):  # an earlier, failed attempt's (errors.log)
+    if os.path.isfile(os.path.join(dst, stale)):
+      os.remove(os.path.join(dst, stale))
   for name in names:
     paths.copy_file(f"{run.workdir}/{name}", os.path.join(dst, name))
   return names

@@ -102,6 +102,25 @@ def test_results_dir_skips_committed_runs_and_takes_finished_ones_logs(tmp_path,
   assert "skipped 2 finished run(s)" in capsys.readouterr().out  # neither was started
 
 
+def test_results_dir_keeps_a_failed_runs_logs_and_runs_it_again(tmp_path, capsys):
+  work, results = tmp_path / "work", tmp_path / "results"
+  run = launch.expand("configs/ladder.py", "ladder", str(work))[0]
+  argv = ["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={work}",
+          f"--results_dir={results}", f"--only={run.name}", "--set=train.num_steps=-1"]
+  assert launch.main(argv) == 1  # refused by the config check: the run fails
+  kept = sorted(os.listdir(results / run.name))
+  assert "log.txt" in kept and "results.json" not in kept
+  assert "config.train.num_steps" in (results / run.name / "log.txt").read_text()
+  capsys.readouterr()
+  assert launch.main(argv + ["--dry_run"]) == 0
+  assert "1 to run" in capsys.readouterr().err  # not skipped: it never finished
+  (results / run.name / "errors.log").write_text("the failed attempt's")
+  _finish(run)  # a later attempt finishes: its logs replace the failed one's
+  launch_runs.copy_small_logs(run, str(results))
+  assert sorted(os.listdir(results / run.name)) == ["config.json", "log.txt", "metrics.jsonl",
+                                                    "results.json"]
+
+
 def test_stop_at_starts_no_run_that_cannot_finish(tmp_path, capsys):
   run = launch.expand("configs/ladder.py", "ladder", str(tmp_path))[0]
   assert launch.main(["--config=configs/ladder.py", "--sweep=ladder", f"--workdir={tmp_path}",
