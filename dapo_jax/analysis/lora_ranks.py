@@ -5,10 +5,12 @@ the same rung, base and seeds). Exploratory: one learning rate per arm, a few se
 registration; it describes, it decides nothing.
 
 A LoRA run is named `lora_r<rank>_s<seed>` (the sweep's 10x learning rate) or, from the
-`lora_lr` sweep, `lora_r<rank>_lr<factor>x_s<seed>` (factor x the rung's). Differences are paired by seed (the same eval
-problems and prompt order), with a 95 % t interval (`ablations.mean_ci`) over the seeds both
-finished. Beside accuracy, what the logs say of each arm's updates: `approx_kl` (how far one
-update moved the policy, a run's mean over its steps) and the entropy of its last steps.
+`lora_lr` sweep, `lora_r<rank>_lr<factor>x_s<seed>` (factor x the rung's). Differences are
+paired by seed (the same eval problems and prompt order): a one-sample t test
+(`stats.one_sample_t`, its 95 % interval and p) over the seeds both finished, Holm over the
+table's adapter arms. Beside accuracy, what the logs say of each arm's updates: `approx_kl`
+(how far one update moved the policy, a run's mean over its steps) and the entropy of its last
+steps.
 """
 from __future__ import annotations
 
@@ -71,7 +73,11 @@ def _mean(xs) -> float:
   return sum(xs) / len(xs) if xs else math.nan
 
 
-def _series_mean(run: ablations.RunLog, key: str, last: int = 0) -> float:
+def _or_nan(value: float | None) -> float:
+  return math.nan if value is None else value
+
+
+def _last_mean(run: ablations.RunLog, key: str, last: int) -> float:
   values = run.series(key)[1][-last:]
   return float(values.mean()) if values.size else math.nan
 
@@ -80,10 +86,10 @@ def _row(arm: str, runs: dict, metric: str) -> dict:
   seeds = sorted(runs)
   before = _mean([runs[s].before_eval(metric) for s in seeds])
   after = _mean([runs[s].final_eval(metric) for s in seeds])
-  kl = [_series_mean(runs[s], "approx_kl") for s in seeds]
+  kl = [_or_nan(ablations.run_mean(runs[s], "approx_kl")) for s in seeds]
   return {"arm": arm, "seeds": seeds, f"{metric}_before": before, f"{metric}_after": after,
           "gain": after - before, "approx_kl": _mean(kl), "approx_kl_per_seed": kl,
-          "entropy_end": _mean([_series_mean(runs[s], "entropy", LAST_STEPS) for s in seeds])}
+          "entropy_end": _mean([_last_mean(runs[s], "entropy", LAST_STEPS) for s in seeds])}
 
 
 def render(rows: list[dict], metric: str = "avg@8") -> str:
